@@ -1,0 +1,5 @@
+"""``python -m runtime`` is the ``runtime`` command."""
+
+from .cli import entry
+
+entry()

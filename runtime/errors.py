@@ -1,0 +1,120 @@
+"""The exception tree. Every error the runtime raises on purpose derives from one root.
+
+    DagRuntimeError                 root; never raised itself
+    ├── InputError                  the user's input is wrong: CLI exit status 2
+    │   ├── TopologyError           a topology file with one or more Problems
+    │   ├── TemplateError           a prompt template that cannot be planned
+    │   ├── PlanFormatError         a plan directory or golden file that cannot be read
+    │   └── UsageError              a CLI argument that names nothing usable
+    └── ExecutionError              a run could not go on: CLI exit status 1
+        ├── DigestMismatchError     a prompt file no longer hashes to its plan digest
+        └── LedgerError             a run directory whose ledger cannot be folded
+
+Errors carry their context as attributes (file, node, template, line) so callers can
+act on them; ``str(err)`` is the complete human message. Library errors (yaml, jinja2,
+pydantic) are translated at the boundary where they are raised.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DagRuntimeError(Exception):
+    """Root of every error the runtime raises on purpose."""
+
+
+class InputError(DagRuntimeError):
+    """The input is invalid; nothing was written. CLI exit status 2."""
+
+
+@dataclass(frozen=True, order=True)
+class Problem:
+    """One validation problem, located as precisely as the input allows.
+
+    Attributes:
+        file: the file the problem is in (as given by the user).
+        line: 1-based line in that file, or 0 when no line applies.
+        where: dotted location of the field (``nodes[2].needs``) or a node id.
+        message: what is wrong and what would be accepted.
+    """
+
+    file: str
+    line: int
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        loc = f"{self.file}:{self.line}" if self.line else self.file
+        where = f" {self.where}:" if self.where else ""
+        return f"{loc}:{where} {self.message}"
+
+
+class TopologyError(InputError):
+    """A topology has problems; all of them are listed, sorted, in one error."""
+
+    def __init__(self, path: str | Path, problems: list[Problem]) -> None:
+        self.path = str(path)
+        self.problems = sorted(set(problems))
+        count = len(self.problems)
+        head = f"{self.path}: {count} problem{'s' if count != 1 else ''}"
+        super().__init__("\n".join([head, *(f"  {p}" for p in self.problems)]))
+
+
+class TemplateError(InputError):
+    """A prompt template names something outside the allow-list, or fails to render."""
+
+    def __init__(
+        self,
+        template: str,
+        line: int,
+        message: str,
+        *,
+        node: str | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.template = template
+        self.line = line
+        self.node = node
+        self.name = name
+        who = f" (node {node})" if node else ""
+        super().__init__(f"prompts/{template}:{line}{who}: {message}")
+
+
+class PlanFormatError(InputError):
+    """A plan directory, manifest or golden file that cannot be read as one."""
+
+    def __init__(self, path: str | Path, message: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}")
+
+
+class UsageError(InputError):
+    """A command-line argument that cannot be used as given."""
+
+
+class ExecutionError(DagRuntimeError):
+    """A run could not continue. CLI exit status 1."""
+
+
+class DigestMismatchError(ExecutionError):
+    """A prompt file does not hash to the digest the plan recorded: the plan was tampered with."""
+
+    def __init__(self, path: str | Path, expected: str, actual: str, *, node: str | None = None):
+        self.path = str(path)
+        self.expected = expected
+        self.actual = actual
+        self.node = node
+        who = f"node {node}: " if node else ""
+        super().__init__(
+            f"{who}{self.path}: digest mismatch: plan says {expected}, file hashes to {actual}"
+        )
+
+
+class LedgerError(ExecutionError):
+    """A ledger that cannot be read or folded into a run state."""
+
+    def __init__(self, path: str | Path, message: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}")

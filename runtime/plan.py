@@ -1,0 +1,204 @@
+"""Topology -> sealed plan: content-addressed prompts plus a canonical manifest.
+
+``compile_plan`` is pure (templates are read, nothing is written); ``write_plan`` is the
+I/O edge. The manifest's canonical JSON is ``plan.json`` byte for byte, so
+``blake3(plan.json)`` is the plan digest (DESIGN section 4). The manifest holds no
+time stamp, host name or absolute path.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .assemble import constant_digests
+from .digest import PLAN_DIR_PREFIX_LEN, blake3_hex, canonical_json
+from .errors import PlanFormatError
+from .profiles import AgentProfile
+from .render import Renderer, node_context
+from .topology import ArtifactSpec, FailureClass, Topology
+
+MANIFEST_NAME = "plan.json"
+PROMPTS_DIR = "prompts"
+READ_ONLY = 0o444
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class PlanNode(_Frozen):
+    """A node as compiled: defaults resolved, prompt addressed by digest."""
+
+    prompt_digest: str
+    template: str
+    needs: list[str]
+    agent: str
+    fallback: list[str]
+    objective: str | None
+    acceptance: list[str]
+    max_attempts: int
+    retry_feedback: bool
+    retry_on: list[FailureClass]
+    timeout_s: float
+    backoff_s: float
+    feedback_max_bytes: int
+    artifacts: list[ArtifactSpec]
+
+
+class PlanTopology(_Frozen):
+    name: str
+    description: str
+    digest: str = Field(description="blake3 of the topology's canonical JSON (vars applied).")
+
+
+class Manifest(_Frozen):
+    """``plan.json``. Its canonical JSON bytes hash to the plan digest."""
+
+    schema_version: Literal[1] = 1
+    topology: PlanTopology
+    vars: dict[str, str | int | float | bool]
+    agents: dict[str, AgentProfile]
+    constants: dict[str, str]
+    nodes: dict[str, PlanNode]
+
+    def to_bytes(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json", by_alias=True))
+
+    def digest(self) -> str:
+        return blake3_hex(self.to_bytes())
+
+
+@dataclass(frozen=True)
+class CompiledPlan:
+    """A plan in memory: the manifest and each rendered prompt, keyed by its digest."""
+
+    manifest: Manifest
+    prompts: MappingProxyType[str, bytes]
+
+    @property
+    def digest(self) -> str:
+        return self.manifest.digest()
+
+
+def compile_plan(topo: Topology, renderer: Renderer) -> CompiledPlan:
+    """Render every node's prompt and build the manifest. Reads templates; writes nothing."""
+    by_id = {n.id: n for n in topo.nodes}
+    d = topo.defaults
+    prompts: dict[str, bytes] = {}
+    nodes: dict[str, PlanNode] = {}
+    for node in topo.nodes:
+        data = renderer.render(node.prompt, node_context(topo, node, by_id), node.id).encode()
+        digest = blake3_hex(data)
+        prompts[digest] = data
+        nodes[node.id] = PlanNode(
+            prompt_digest=digest,
+            template=node.prompt,
+            needs=list(node.needs),
+            agent=node.agent or d.agent,
+            fallback=list(node.fallback),
+            objective=node.objective,
+            acceptance=list(node.acceptance),
+            max_attempts=_pick(node.max_attempts, d.max_attempts),
+            retry_feedback=_pick(node.retry_feedback, d.retry_feedback),
+            retry_on=list(_pick(node.retry_on, d.retry_on)),
+            timeout_s=_pick(node.timeout_s, d.timeout_s),
+            backoff_s=_pick(node.backoff_s, d.backoff_s),
+            feedback_max_bytes=_pick(node.feedback_max_bytes, d.feedback_max_bytes),
+            artifacts=list(node.artifacts),
+        )
+    manifest = Manifest(
+        topology=PlanTopology(
+            name=topo.name,
+            description=topo.description,
+            digest=blake3_hex(canonical_json(topo.model_dump(mode="json", by_alias=True))),
+        ),
+        vars=dict(topo.vars),
+        agents=dict(topo.profiles()),
+        constants=constant_digests(),
+        nodes=nodes,
+    )
+    return CompiledPlan(manifest, MappingProxyType(prompts))
+
+
+def _pick(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def write_plan(plan: CompiledPlan, artifacts_root: Path) -> Path:
+    """Write ``plan`` under ``artifacts/plans/<digest-prefix>/`` once; return that directory.
+
+    The directory is built under a temporary name and renamed into place, so a reader
+    never sees half a plan. If it already exists it must verify clean and is reused.
+    """
+    plans = artifacts_root / "plans"
+    plans.mkdir(parents=True, exist_ok=True)
+    final = plans / plan.digest[:PLAN_DIR_PREFIX_LEN]
+    if final.exists():
+        _reuse_existing(final, plan.digest)
+        return final
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=plans))
+    try:
+        (tmp / PROMPTS_DIR).mkdir()
+        for digest, data in plan.prompts.items():
+            _write_read_only(tmp / PROMPTS_DIR / f"{digest}.md", data)
+        _write_read_only(tmp / MANIFEST_NAME, plan.manifest.to_bytes())
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not final.exists():
+                raise
+            _reuse_existing(final, plan.digest)  # a concurrent planner won the race
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _write_read_only(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, READ_ONLY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def _reuse_existing(plan_dir: Path, digest: str) -> None:
+    from .verify import verify_plan_dir  # verify imports this module
+
+    problems = verify_plan_dir(plan_dir, expected_digest=digest)
+    if problems:
+        raise PlanFormatError(plan_dir, "a plan with this digest exists but does not verify "
+                              "(" + "; ".join(problems[:5]) + "); move it aside and plan again")
+
+
+def read_manifest(plan_dir: Path) -> tuple[Manifest, bytes]:
+    """Read and parse ``plan.json``; raise PlanFormatError naming what is wrong."""
+    path = plan_dir / MANIFEST_NAME
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise PlanFormatError(path, f"cannot read manifest: {exc.strerror}") from None
+    try:
+        return Manifest.model_validate_json(raw), raw
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise PlanFormatError(path, f"not a plan manifest ({exc.error_count()} errors; first "
+                              f"at {loc or 'top level'}: {first['msg']})") from None
+
+
+def plan_topology(path: Path, prompts_root: Path, overrides: dict[str, str] | None = None,
+                  ) -> CompiledPlan:
+    """Load, validate and compile a topology file (reads only; writes nothing)."""
+    from .topology import load_topology
+
+    topo = load_topology(path, prompts_root, overrides)
+    return compile_plan(topo, Renderer(prompts_root))
