@@ -52,9 +52,9 @@ def _child(node: yaml.Node | None, part: str | int) -> yaml.Node | None:
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode) and key.value == str(part):
                 return value
-    if isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-        if 0 <= part < len(node.value):
-            return node.value[part]
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) \
+            and 0 <= part < len(node.value):
+        return node.value[part]
     return None
 
 

@@ -1,0 +1,68 @@
+"""Shared builders: small projects (topology + prompts) written under tmp_path."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+DEFAULT_TEMPLATE = "Task for {{ node.id }} in {{ topology.name }}.\n"
+
+
+@dataclass
+class Project:
+    root: Path
+
+    @property
+    def prompts(self) -> Path:
+        return self.root / "prompts"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def topology(self) -> Path:
+        return self.root / "topology.yaml"
+
+    def write_topology(self, data: Mapping[str, Any] | str) -> Path:
+        text = data if isinstance(data, str) else yaml.safe_dump(dict(data), sort_keys=False)
+        self.topology.write_text(text)
+        return self.topology
+
+    def template(self, name: str, text: str) -> None:
+        path = self.prompts / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def cli(self, *argv: str) -> list[str]:
+        """Common flags pointing the CLI at this project."""
+        return [*argv, "--prompts", str(self.prompts), "--artifacts", str(self.artifacts)]
+
+
+def make_topology(
+    dag: Mapping[str, list[str]], *, name: str = "t", **node_extra: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A topology dict from ``{"a": [], "b": ["a"]}``; each node gets one json artifact."""
+    nodes = []
+    for nid, needs in dag.items():
+        node: dict[str, Any] = {"id": nid, "prompt": "task.md.j2", "needs": list(needs),
+                                "artifacts": [{"path": f"{nid}.json", "kind": "json"}]}
+        node.update(node_extra.get(nid.replace("-", "_"), {}))
+        nodes.append(node)
+    return {"schema_version": 1, "name": name, "agents": {"sim": {"kind": "simulated"}},
+            "defaults": {"agent": "sim"}, "nodes": nodes}
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Project:
+    p = Project(tmp_path / "proj")
+    p.root.mkdir()
+    p.template("task.md.j2", DEFAULT_TEMPLATE)
+    return p

@@ -1,0 +1,19 @@
+"""The public API is what ``runtime.__all__`` exports; changing it is a deliberate act."""
+
+from __future__ import annotations
+
+import runtime
+
+EXPECTED = [
+    "CompiledPlan", "DagRuntimeError", "DigestMismatchError", "ExecutionError", "FailureClass",
+    "InputError", "LedgerError", "Manifest", "PlanFormatError", "Problem", "TemplateError",
+    "Topology", "TopologyError", "UsageError", "compile_plan", "load_topology", "plan_topology",
+    "verify_plan_dir", "write_plan",
+]
+
+
+def test_exported_members() -> None:
+    assert runtime.__all__ == sorted(runtime.__all__)
+    assert runtime.__all__ == EXPECTED
+    for name in runtime.__all__:
+        assert getattr(runtime, name) is not None

@@ -1,0 +1,166 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.cli import main
+from tests.conftest import REPO, Project, make_topology
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*")) if root.exists() else []
+
+
+def test_plan_json_and_verify(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(make_topology({"a": [], "b": ["a"]}))
+    code, out, _ = _run(capsys, *project.cli("plan", str(project.topology), "--json"))
+    assert code == 0
+    result = json.loads(out)
+    assert set(result) >= {"plan_digest", "plan_dir", "nodes"}
+    assert Path(result["plan_dir"]).name == result["plan_digest"][:16]
+    code, out, _ = _run(capsys, *project.cli("verify", result["plan_dir"], "--json"))
+    assert code == 0 and json.loads(out) == {
+        "ok": True, "target": result["plan_dir"], "plan_digest": result["plan_digest"],
+        "differences": []}
+
+
+def test_invalid_topology_exits_2_without_traceback_or_writes(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    topo = make_topology({"a": ["b"], "b": ["a"]})
+    topo["nodes"][0]["colour"] = "red"
+    project.write_topology(topo)
+    before = _files(project.root)
+    code, out, err = _run(capsys, *project.cli("plan", str(project.topology)))
+    assert code == 2 and out == ""
+    assert "Traceback" not in err
+    assert err.startswith(f"error: {project.topology}: 2 problems")
+    assert "nodes[0].colour: unknown key" in err and "cycle: " in err
+    assert _files(project.root) == before
+
+
+def test_one_bad_topology_of_several_writes_nothing(
+        project: Project, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    good = project.write_topology(make_topology({"a": []}))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schema_version: 1\nname: bad\nnodes: []\n")
+    code, _, err = _run(capsys, *project.cli("plan", str(good), str(bad)))
+    assert code == 2 and "nodes: List should have at least 1 item" in err
+    assert not project.artifacts.exists()
+
+
+def test_template_error_exits_2(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.template("task.md.j2", "{{ api_key }}\n")
+    project.write_topology(make_topology({"a": []}))
+    code, _, err = _run(capsys, *project.cli("plan", str(project.topology)))
+    assert code == 2
+    assert "prompts/task.md.j2:1 (node a): unknown variable 'api_key'" in err
+
+
+def test_bad_var_syntax(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(make_topology({"a": []}))
+    code, _, err = _run(capsys, *project.cli("plan", str(project.topology), "--var", "novalue"))
+    assert code == 2 and "--var 'novalue': expected KEY=VALUE" in err
+
+
+def test_tampered_plan_exits_1_and_prints_each_difference(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(make_topology({"a": [], "b": ["a"]}))
+    _, out, _ = _run(capsys, *project.cli("plan", str(project.topology), "--json"))
+    plan_dir = Path(json.loads(out)["plan_dir"])
+    for f in (plan_dir / "prompts").iterdir():
+        os.chmod(f, 0o644)
+        f.write_text("tampered\n")
+    code, out, _ = _run(capsys, *project.cli("verify", str(plan_dir)))
+    assert code == 1
+    assert len([line for line in out.splitlines() if "modified" in line]) == 2
+
+
+def test_golden_roundtrip_and_drift(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(make_topology({"a": [], "b": ["a"]}))
+    golden = project.root / "golden.json"
+    code, _, _ = _run(capsys, *project.cli("plan", str(project.topology),
+                                           "--golden-out", str(golden)))
+    assert code == 0
+    code, out, _ = _run(capsys, *project.cli("verify", str(project.topology),
+                                             "--golden", str(golden)))
+    assert code == 0 and out.startswith("OK ")
+    project.template("task.md.j2", "Changed wording for {{ node.id }}.\n")
+    code, out, _ = _run(capsys, *project.cli("verify", str(project.topology),
+                                             "--golden", str(golden)))
+    assert code == 1
+    lines = out.splitlines()
+    assert [ln.split(":")[0] for ln in lines[:2]] == ["node a", "node b"]
+    assert "prompt digest" in lines[0]
+    assert lines[-1] == (f"if the change is intended, update the golden file: runtime plan "
+                         f"{project.topology} --golden-out {golden}")
+
+
+def test_golden_retry_toggle_changes_only_plan_digest(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(make_topology({"a": []}))
+    golden = project.root / "golden.json"
+    _run(capsys, *project.cli("plan", str(project.topology), "--golden-out", str(golden)))
+    project.write_topology(make_topology({"a": []}, a={"retry_feedback": True}))
+    code, out, _ = _run(capsys, *project.cli("verify", str(project.topology),
+                                             "--golden", str(golden), "--json"))
+    diffs = json.loads(out)["differences"]
+    assert code == 1 and diffs[0].startswith("plan digest ")
+    assert not any(d.startswith("node ") for d in diffs)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["verify", "nowhere"], "no such plan directory or topology file"),
+    (["verify", "{topology}"], "verifying a topology needs --golden FILE"),
+    (["verify", "{topology}", "--golden", "{root}/absent.json"], "cannot read golden file"),
+])
+def test_verify_usage_errors(project: Project, capsys: pytest.CaptureFixture[str],
+                             argv: list[str], message: str) -> None:
+    project.write_topology(make_topology({"a": []}))
+    argv = [a.format(topology=project.topology, root=project.root) for a in argv]
+    code, _, err = _run(capsys, *project.cli(*argv))
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize(("fmt", "expected"), [
+    ("mermaid", ['flowchart TD', '  n0["a"]', '  n1["b (retry feedback)"]', "  n0 --> n1"]),
+    ("dot", ['digraph "t" {', '  "a" -> "b";']),
+])
+def test_graph(project: Project, capsys: pytest.CaptureFixture[str], fmt: str,
+               expected: list[str]) -> None:
+    project.write_topology(make_topology({"a": [], "b": ["a"]}, b={"retry_feedback": True}))
+    code, out, _ = _run(capsys, *project.cli("graph", str(project.topology), "--format", fmt))
+    assert code == 0
+    for line in expected:
+        assert line in out.splitlines()
+
+
+def test_schema_is_json_schema_of_topology(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "schema")
+    schema = json.loads(out)
+    assert code == 0 and schema["title"] == "Topology"
+    assert schema["additionalProperties"] is False
+    assert "retry_feedback" in schema["$defs"]["Node"]["properties"]
+
+
+def test_unknown_verb_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["frobnicate"]) == 2
+
+
+def test_python_dash_m_entry_point(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "runtime", "plan", str(REPO / "topologies" / "solidity-audit.yaml"),
+         "--prompts", str(REPO / "prompts"), "--artifacts", str(tmp_path), "--json"],
+        capture_output=True, text=True, check=False, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["plan_digest"]

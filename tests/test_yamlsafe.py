@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+import pytest
+
+from runtime import yamlsafe
+from runtime.yamlsafe import load_yaml
+
+BOMB = b"""\
+a: &a ["x","x","x","x","x","x","x","x","x"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f]
+h: &h [*g,*g,*g,*g,*g,*g,*g,*g,*g]
+i: &i [*h,*h,*h,*h,*h,*h,*h,*h,*h]
+"""
+
+
+def test_alias_bomb_is_refused_before_expansion() -> None:
+    loaded, problems = load_yaml(BOMB, "bomb.yaml")
+    assert loaded is None
+    assert len(problems) == 1
+    assert "alias bomb" in problems[0].message
+    assert problems[0].file == "bomb.yaml"
+
+
+def test_small_aliases_are_fine() -> None:
+    loaded, problems = load_yaml(b"base: &b {x: 1}\nother: *b\n", "f.yaml")
+    assert problems == []
+    assert loaded is not None and loaded.data == {"base": {"x": 1}, "other": {"x": 1}}
+
+
+def test_recursive_alias_is_refused() -> None:
+    loaded, problems = load_yaml(b"a: &a [1, *a]\n", "f.yaml")
+    assert loaded is None
+    assert "recursive YAML alias" in problems[0].message
+
+
+def test_duplicate_keys_are_problems_with_lines() -> None:
+    _, problems = load_yaml(b"name: a\nnodes: []\nname: b\n", "f.yaml")
+    assert [(p.line, p.where) for p in problems] == [(3, "name")]
+    assert "duplicate key" in problems[0].message
+
+
+def test_non_utf8_names_offset_and_line() -> None:
+    _, problems = load_yaml(b"name: ok\ndesc: \xff\xfe\n", "f.yaml")
+    assert problems[0].line == 2
+    assert "not UTF-8" in problems[0].message and "offset 15" in problems[0].message
+
+
+def test_oversized_file_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(yamlsafe, "MAX_BYTES", 10)
+    _, problems = load_yaml(b"name: abcdefghijk\n", "f.yaml")
+    assert "at most 10" in problems[0].message
+
+
+def test_syntax_error_has_line() -> None:
+    _, problems = load_yaml(b"a: 1\nb: [1, 2\nc: 3\n", "f.yaml")
+    assert problems[0].line >= 2
+    assert problems[0].message.startswith("invalid YAML")
+
+
+def test_unsafe_tags_are_not_constructed() -> None:
+    _, problems = load_yaml(b"a: !!python/object/apply:os.system ['true']\n", "f.yaml")
+    assert problems and "invalid YAML" in problems[0].message
+
+
+def test_line_of_finds_nested_fields() -> None:
+    loaded, _ = load_yaml(b"nodes:\n  - id: a\n    needs:\n      - b\n", "f.yaml")
+    assert loaded is not None
+    assert loaded.line_of(("nodes", 0, "needs", 0)) == 4
+    assert loaded.line_of(("nodes", 0, "missing")) == 2
