@@ -78,14 +78,15 @@ class Manifest(_Frozen):
 
 @dataclass(frozen=True)
 class CompiledPlan:
-    """A plan in memory: the manifest and each rendered prompt, keyed by its digest."""
+    """A plan in memory: the manifest, its exact bytes, and each rendered prompt."""
 
     manifest: Manifest
+    manifest_bytes: bytes
     prompts: MappingProxyType[str, bytes]
 
     @property
     def digest(self) -> str:
-        return self.manifest.digest()
+        return blake3_hex(self.manifest_bytes)
 
 
 def compile_plan(topo: Topology, renderer: Renderer) -> CompiledPlan:
@@ -125,7 +126,7 @@ def compile_plan(topo: Topology, renderer: Renderer) -> CompiledPlan:
         constants=constant_digests(),
         nodes=nodes,
     )
-    return CompiledPlan(manifest, MappingProxyType(prompts))
+    return CompiledPlan(manifest, manifest.to_bytes(), MappingProxyType(prompts))
 
 
 def _pick(value: Any, default: Any) -> Any:
@@ -149,7 +150,7 @@ def write_plan(plan: CompiledPlan, artifacts_root: Path) -> Path:
         (tmp / PROMPTS_DIR).mkdir()
         for digest, data in plan.prompts.items():
             _write_read_only(tmp / PROMPTS_DIR / f"{digest}.md", data)
-        _write_read_only(tmp / MANIFEST_NAME, plan.manifest.to_bytes())
+        _write_read_only(tmp / MANIFEST_NAME, plan.manifest_bytes)
         try:
             os.rename(tmp, final)
         except OSError:

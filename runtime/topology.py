@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
@@ -25,6 +25,7 @@ from .yamlsafe import LoadedYaml, load_yaml
 
 SCHEMA_VERSION = 1
 NODE_ID = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
+_DRIVE = re.compile(r"^[A-Za-z]:")
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PREAMBLE_DEFAULT_BYTES = 8 * 1024
 PREAMBLE_MAX_BYTES = 32 * 1024
@@ -60,10 +61,9 @@ def check_relative_path(value: str) -> str:
         raise ValueError("must be a non-empty relative path without surrounding spaces")
     if "\\" in value or "\x00" in value:
         raise ValueError(f"{value!r}: use '/' separators; backslashes and NUL are not allowed")
-    pure = PurePosixPath(value)
-    if pure.is_absolute() or re.match(r"^[A-Za-z]:", value):
+    if value.startswith("/") or _DRIVE.match(value):
         raise ValueError(f"{value!r}: absolute paths are not allowed; give a relative path")
-    if ".." in pure.parts:
+    if ".." in value.split("/"):
         raise ValueError(f"{value!r}: '..' escapes the root; give a path inside it")
     return value
 

@@ -72,3 +72,54 @@ def test_line_of_finds_nested_fields() -> None:
     assert loaded is not None
     assert loaded.line_of(("nodes", 0, "needs", 0)) == 4
     assert loaded.line_of(("nodes", 0, "missing")) == 2
+
+
+PAD = "".join(f"  - {{id: n{i:06d}, prompt: t.md.j2, needs: [n{i - 1:06d}], objective: check "
+              f"n{i:06d}, weight: {i}.5}}\n" for i in range(1, 20))
+
+
+@pytest.fixture
+def fast_path_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(yamlsafe, "FAST_PATH_MIN_BYTES", 0)
+
+SNIPPETS = [
+    "plain: value", "quoted: 'it''s'", 'dq: "a \\" b"', "num: 12", "neg: -3", "float: 1.25",
+    "t: true", "f: false", "n: null", "e:", "yes_word: yes", "cap: True", "tilde: ~",
+    "oct: 012", "hex: 0x1f", "exp: 1e3", "under: 1_000", "plus: +3", "dot: .5",
+    "inf: .inf", "sexa: 1:30", "date: 2024-01-02", "block: |\n  a\n  b", "folded: >\n  a\n  b",
+    "anchor: &a {x: 1}\nalias: *a", "tag: !!str 123", "ctrl: \"\\x07\"", "uni: ünï €",
+    "url: http://x.y/z?a=b#frag", "colon: 'a: b'", "list: [1, 'two', three]",
+    "multi: first\n  second line", "key with spaces: v", "'quoted key': v",
+]
+
+
+@pytest.mark.usefixtures("fast_path_always")
+@pytest.mark.parametrize("snippet", SNIPPETS)
+def test_fast_path_agrees_with_pyyaml(snippet: str) -> None:
+    """On large files rapidyaml may be used; the values must be PyYAML's, always."""
+    import yaml
+
+    text = f"{snippet}\nnodes:\n{PAD}"
+    loaded, problems = load_yaml(text.encode(), "big.yaml")
+    assert problems == [] and loaded is not None
+    assert loaded.data == yaml.load(text, Loader=yaml.SafeLoader)
+
+
+def test_fast_path_is_taken_for_plain_files() -> None:
+    raw = f"name: x\nnodes:\n{PAD}".encode()
+    assert not yamlsafe._NOT_PLAIN.search(raw)
+    assert yamlsafe._fast_load(raw) is not yamlsafe._FALLBACK
+
+
+@pytest.mark.usefixtures("fast_path_always")
+def test_fast_path_duplicate_keys_fall_back_and_are_reported() -> None:
+    raw = f"name: x\nname: y\nnodes:\n{PAD}".encode()
+    loaded, problems = load_yaml(raw, "big.yaml")
+    assert loaded is None and [(p.line, p.where) for p in problems] == [(2, "name")]
+
+
+@pytest.mark.usefixtures("fast_path_always")
+def test_fast_path_lines_are_looked_up_lazily() -> None:
+    loaded, _ = load_yaml(f"name: x\nnodes:\n{PAD}".encode(), "big.yaml")
+    assert loaded is not None
+    assert loaded.line_of(("nodes", 2, "needs")) == 5
