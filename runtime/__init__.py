@@ -12,8 +12,9 @@ from .errors import (
     TopologyError,
     UsageError,
 )
+from .failures import FailureClass
 from .plan import CompiledPlan, Manifest, compile_plan, plan_topology, write_plan
-from .topology import FailureClass, Topology, load_topology
+from .topology import Topology, load_topology
 from .verify import verify_plan_dir
 
 __all__ = [

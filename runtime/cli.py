@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -64,10 +65,49 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, plans=True)
     p.set_defaults(handler=cmd_graph)
 
+    p = sub.add_parser("run", help="plan (if needed) and run a topology or plan directory")
+    p.add_argument("target", type=Path, metavar="TOPOLOGY|PLAN")
+    _run_options(p)
+    p.add_argument("--run-id", help="name the run (default: <topology>-<UTC time>-<random>)")
+    _common(p, plans=True)
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("resume", help="finish an interrupted or crashed run")
+    p.add_argument("run", metavar="RUN", help="run directory, or run id under --artifacts")
+    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
+                   help="a literal to redact from error text (repeatable)")
+    _common(p, plans=False)
+    p.set_defaults(handler=cmd_resume)
+
+    p = sub.add_parser("show", help="per-node status, attempts, failures of a run")
+    p.add_argument("run", metavar="RUN", help="run directory, or run id under --artifacts")
+    _common(p, plans=False)
+    p.set_defaults(handler=cmd_show)
+
     p = sub.add_parser("schema", help="print the topology JSON Schema")
     _common(p, plans=False)
     p.set_defaults(handler=cmd_schema)
     return parser
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--agent", metavar="PROFILE",
+                   help="run every node on this profile (e.g. simulated); digests unchanged")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel nodes (default 1)")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="never move a node to its fallback profiles")
+    p.add_argument("--max-total-attempts", type=int, metavar="N",
+                   help="attempt budget for the whole run (default: no limit beyond nodes')")
+    p.add_argument("--deadline", type=float, metavar="SECONDS",
+                   help="wall-clock limit for the run, from its start")
+    p.add_argument("--set", action="append", default=[], dest="sets",
+                   metavar="NODE.FIELD=VALUE",
+                   help="override max_attempts, retry_feedback or retry_on for this run "
+                   "(NODE may be '*'); prompt digests are unchanged")
+    p.add_argument("--operator-prompt", type=Path, metavar="FILE",
+                   help="trusted operator text added to every attempt's prompt")
+    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
+                   help="a literal to redact from error text (repeatable)")
 
 
 def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
@@ -152,6 +192,119 @@ def cmd_graph(args: argparse.Namespace) -> int:
     text = to_dot(manifest) if args.format == "dot" else to_mermaid(manifest)
     _emit(args, {"format": args.format, "graph": text}, text)
     return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from .overrides import parse_sets
+    from .plan import PROMPTS_DIR
+    from .records import RunSettings
+    from .run import start_run
+
+    target: Path = args.target
+    if target.is_dir() and (target / PROMPTS_DIR).is_dir():
+        plan_dir = target
+    elif target.is_file():
+        plan_dir = write_plan(plan_topology(target, args.prompts, parse_vars(args.var)),
+                              args.artifacts)
+    else:
+        raise UsageError(f"{target}: not a topology file or plan directory")
+    if args.jobs < 1:
+        raise UsageError(f"--jobs {args.jobs}: must be at least 1")
+    manifest = read_manifest(plan_dir)[0]
+    settings = RunSettings(
+        agent=args.agent, jobs=args.jobs, no_fallback=args.no_fallback,
+        max_total_attempts=args.max_total_attempts,
+        deadline_at=time.time() + args.deadline if args.deadline else None,
+        overrides=parse_sets(args.sets, manifest),
+        operator_prompt=_read_text(args.operator_prompt) if args.operator_prompt else None)
+    cancel = _cancel_on_sigterm()
+    result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
+                       redactor=_redactor(args.redact), hooks=_hooks(cancel))
+    return _report_run(args, result)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from .run import resolve_run_dir, resume_run
+
+    run_dir = resolve_run_dir(args.run, args.artifacts)
+    result = resume_run(run_dir, redactor=_redactor(args.redact),
+                        hooks=_hooks(_cancel_on_sigterm()))
+    return _report_run(args, result)
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from .run import load_run, resolve_run_dir
+
+    run_dir = resolve_run_dir(args.run, args.artifacts)
+    state = load_run(run_dir)[1]
+    if args.json:
+        sys.stdout.write(state.model_dump_json() + "\n")
+    else:
+        sys.stdout.write(_describe(state, run_dir, verbose=True))
+    return EXIT_OK if state.status == "succeeded" else EXIT_FAILED
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read as UTF-8 text: {exc}") from None
+
+
+def _redactor(declared: list[str]) -> Any:
+    from .redact import Redactor
+
+    extra = [v for v in os.environ.get("RUNTIME_REDACT", "").split(os.pathsep) if v]
+    return Redactor.from_environment(os.environ, [*declared, *extra])
+
+
+def _cancel_on_sigterm() -> Any:
+    import signal
+    import threading
+
+    cancel = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: cancel.set())
+    return cancel
+
+
+def _hooks(cancel: Any) -> Any:
+    from .run import Hooks
+
+    return Hooks(cancel=cancel)
+
+
+def _report_run(args: argparse.Namespace, result: Any) -> int:
+    state = result.state
+    nodes = {nid: {"status": ns.status.value, "attempts": len(ns.attempts),
+                   "failure": ns.failure.value if ns.failure else None,
+                   "reason": ns.reason, "failed_ancestor": ns.failed_ancestor}
+             for nid, ns in state.nodes.items()}
+    obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),
+           "status": result.status.value, "nodes": nodes}
+    _emit(args, obj, _describe(state, result.run_dir, verbose=False))
+    if result.status == "succeeded":
+        return EXIT_OK
+    return 130 if result.status == "cancelled" else EXIT_FAILED
+
+
+def _describe(state: Any, run_dir: Path, *, verbose: bool) -> str:
+    lines = [f"run {state.run_id} ({state.topology}): {state.status.value}", f"  {run_dir}"]
+    for nid, ns in state.nodes.items():
+        outcomes = ", ".join(f"{a.attempt}:{a.outcome or 'unfinished'}"
+                             + (f"[{a.profile}]" if verbose else "") for a in ns.attempts)
+        extra = ""
+        if ns.failed_ancestor:
+            extra = f" (upstream {ns.failed_ancestor} failed)"
+        elif ns.reason:
+            extra = f" ({ns.reason})"
+        lines.append(f"  {nid:<24} {ns.status.value:<9} attempts {len(ns.attempts)}"
+                     f"{': ' + outcomes if outcomes else ''}{extra}")
+        last = ns.last_failure
+        if verbose and last is not None and last.error:
+            first = last.error.strip().splitlines()
+            lines.append(f"  {'':<24} last error: {first[0][:160] if first else ''}")
+    return "\n".join(lines) + "\n"
 
 
 def cmd_schema(args: argparse.Namespace) -> int:

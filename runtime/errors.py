@@ -7,6 +7,7 @@
     │   ├── PlanFormatError         a plan directory or golden file that cannot be read
     │   └── UsageError              a CLI argument that names nothing usable
     └── ExecutionError              a run could not go on: CLI exit status 1
+        ├── PlanIntegrityError      a plan or run directory that does not verify
         ├── DigestMismatchError     a prompt file no longer hashes to its plan digest
         └── LedgerError             a run directory whose ledger cannot be folded
 
@@ -96,6 +97,16 @@ class UsageError(InputError):
 
 class ExecutionError(DagRuntimeError):
     """A run could not continue. CLI exit status 1."""
+
+
+class PlanIntegrityError(ExecutionError):
+    """A plan (or a run's copy of it) fails verification: it will not be run."""
+
+    def __init__(self, path: str | Path, problems: list[str]) -> None:
+        self.path = str(path)
+        self.problems = problems
+        super().__init__("\n".join([f"{self.path}: the plan does not verify; refusing to run",
+                                    *(f"  {p}" for p in problems)]))
 
 
 class DigestMismatchError(ExecutionError):

@@ -24,9 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from .assemble import constant_digests
 from .digest import PLAN_DIR_PREFIX_LEN, blake3_hex, canonical_json
 from .errors import PlanFormatError
+from .failures import FailureClass
 from .profiles import AgentProfile
 from .render import Renderer, node_context
-from .topology import ArtifactSpec, FailureClass, Topology
+from .topology import ArtifactSpec, Topology
 
 MANIFEST_NAME = "plan.json"
 PROMPTS_DIR = "prompts"

@@ -9,7 +9,6 @@ root. All problems found are raised together in one ``TopologyError``.
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
@@ -20,6 +19,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import Problem, TopologyError
+from .failures import DEFAULT_RETRY_ON, FailureClass
 from .profiles import BUILTIN_PROFILES, AgentProfile
 from .yamlsafe import LoadedYaml, load_yaml
 
@@ -29,30 +29,6 @@ _DRIVE = re.compile(r"^[A-Za-z]:")
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PREAMBLE_DEFAULT_BYTES = 8 * 1024
 PREAMBLE_MAX_BYTES = 32 * 1024
-
-
-class FailureClass(StrEnum):
-    """Deterministic labels of an attempt's failure evidence (DESIGN section 7)."""
-
-    AGENT_EXIT = "agent_exit"
-    AGENT_TIMEOUT = "agent_timeout"
-    ARTIFACT_CONTRACT = "artifact_contract"
-    CONTRADICTORY_COMPLETION = "contradictory_completion"
-    LAUNCH_ERROR = "launch_error"
-    LOST = "lost"
-    CANCELLED = "cancelled"
-    DIGEST_MISMATCH = "digest_mismatch"
-
-    def is_retryable(self) -> bool:
-        """A tampered plan is never retried, whatever ``retry_on`` says."""
-        return self is not FailureClass.DIGEST_MISMATCH
-
-
-DEFAULT_RETRY_ON = (
-    FailureClass.AGENT_EXIT,
-    FailureClass.ARTIFACT_CONTRACT,
-    FailureClass.CONTRADICTORY_COMPLETION,
-)
 
 
 def check_relative_path(value: str) -> str:

@@ -1,0 +1,85 @@
+"""Agent adapters behind one Protocol: ``command``, ``python``, ``simulated`` (and ``http``).
+
+An adapter receives one ``Invocation`` (the assembled prompt, a workspace, a timeout, a
+cancel event, bounded output sinks) and returns an ``AgentExit``: evidence only. The
+executor turns evidence into a failure class; nothing an agent returns can change how
+many attempts it gets.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from ..capture import BoundedCapture
+from ..profiles import (
+    CommandProfile,
+    HttpProfile,
+    PythonProfile,
+    SimulatedProfile,
+)
+from ..topology import ArtifactSpec
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """One attempt of one node, as an agent sees it."""
+
+    run_id: str
+    node: str
+    attempt: int
+    max_attempts: int
+    prompt: str
+    prompt_file: Path
+    workspace: Path
+    timeout_s: float
+    env: Mapping[str, str]
+    artifacts: tuple[ArtifactSpec, ...]
+    stdout: BoundedCapture
+    stderr: BoundedCapture
+    cancel: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class AgentExit:
+    """What happened, as observed. At most one of the flags explains a failure."""
+
+    exit_code: int | None = None
+    timed_out: bool = False
+    cancelled: bool = False
+    launch_error: str | None = None
+    reported_error: str | None = None  # a terminal error signalled with exit status 0
+
+
+class Agent(Protocol):
+    """Runs one invocation to completion (or timeout, or cancellation)."""
+
+    def run(self, inv: Invocation) -> AgentExit: ...
+
+
+AnyProfile = CommandProfile | HttpProfile | PythonProfile | SimulatedProfile
+
+
+def make_agent(profile: AnyProfile, *, secrets_env: Mapping[str, str] | None = None) -> Agent:
+    """Build the adapter for a profile frozen in the plan."""
+    match profile:
+        case CommandProfile():
+            from .command import CommandAgent
+
+            return CommandAgent(profile)
+        case PythonProfile():
+            from .python import PythonAgent
+
+            return PythonAgent(profile)
+        case SimulatedProfile():
+            from .simulated import SimulatedAgent
+
+            return SimulatedAgent(profile)
+        case HttpProfile():
+            from .http import HttpAgent
+
+            return HttpAgent(profile)
+    raise TypeError(f"no adapter for profile {profile!r}")  # pragma: no cover

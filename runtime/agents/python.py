@@ -1,0 +1,41 @@
+"""``python`` agent: a callable ``module:function`` taking an Invocation, for tests and
+in-process agents. It returns an ``AgentExit``, an exit code, or None (exit 0); an
+exception is an agent exit with status 1 and the exception text on stderr. It runs in a
+worker thread and must honour ``inv.timeout_s`` and ``inv.cancel`` itself."""
+
+from __future__ import annotations
+
+import importlib
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from ..profiles import PythonProfile
+from . import AgentExit, Invocation
+
+
+def load_target(target: str) -> Callable[[Invocation], Any]:
+    module_name, _, attr = target.partition(":")
+    func = getattr(importlib.import_module(module_name), attr)
+    if not callable(func):
+        raise TypeError(f"{target} is not callable")
+    return func  # type: ignore[no-any-return]
+
+
+class PythonAgent:
+    def __init__(self, profile: PythonProfile) -> None:
+        self.profile = profile
+
+    def run(self, inv: Invocation) -> AgentExit:
+        try:
+            func = load_target(self.profile.target)
+        except (ImportError, AttributeError, TypeError) as exc:
+            return AgentExit(launch_error=f"{self.profile.target}: {exc}")
+        try:
+            result = func(inv)
+        except Exception as exc:  # the agent's bug is the agent's failure, not ours
+            inv.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
+            return AgentExit(exit_code=1)
+        if isinstance(result, AgentExit):
+            return result
+        return AgentExit(exit_code=0 if result is None else int(result))

@@ -1,0 +1,87 @@
+"""Bounded capture of an agent's output: head and tail kept, everything else counted.
+
+An agent that writes 1 GB must not grow the runtime's memory or the log file beyond
+``head + tail`` bytes. The head goes to the file as it arrives; the tail is a bounded
+buffer written at close, after a marker that says how many bytes were dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import IO
+
+DEFAULT_HEAD = 64 * 1024
+DEFAULT_TAIL = 64 * 1024
+
+
+class BoundedCapture:
+    """A write-only sink keeping the first ``head`` and last ``tail`` bytes."""
+
+    def __init__(self, path: Path, head: int = DEFAULT_HEAD, tail: int = DEFAULT_TAIL) -> None:
+        self.path = path
+        self._head_max, self._tail_max = head, tail
+        self._file: IO[bytes] = path.open("wb")
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.total = 0
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def write(self, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode("utf-8", "replace")
+        with self._lock:
+            self.total += len(data)
+            room = self._head_max - len(self._head)
+            if room > 0:
+                part = data[:room]
+                self._head += part
+                self._file.write(part)
+                data = data[room:]
+            if data:
+                self._tail += data
+                excess = len(self._tail) - self._tail_max
+                if excess > 0:
+                    del self._tail[:excess]
+                    self.dropped += excess
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            if self.dropped:
+                self._file.write(f"\n[... {self.dropped} bytes dropped ...]\n".encode())
+            self._file.write(self._tail)
+            self._file.close()
+            self._closed = True
+
+    @property
+    def head(self) -> bytes:
+        return bytes(self._head)
+
+    def tail_text(self, limit: int) -> str:
+        """The last ``limit`` bytes of output as text, starting at a line boundary when
+        the capture or this cut split a line: a secret straddling a cut is never shown
+        in part (DESIGN section 6)."""
+        with self._lock:
+            data = bytes(self._head) + bytes(self._tail) if not self.dropped else bytes(
+                self._tail)
+            cut = self.dropped > 0 or len(data) > limit
+            data = data[-limit:]
+        if cut:
+            newline = data.find(b"\n")
+            data = data[newline + 1:] if newline >= 0 else b""
+        return data.decode("utf-8", "replace")
+
+
+def pump(stream: IO[bytes], sink: BoundedCapture, chunk: int = 64 * 1024) -> None:
+    """Copy ``stream`` into ``sink`` until EOF (run in a thread per stream)."""
+    try:
+        while block := stream.read1(chunk) if hasattr(stream, "read1") else stream.read(chunk):
+            sink.write(block)
+    except (OSError, ValueError):
+        pass  # the stream was closed under us: the process is being torn down
+    finally:
+        stream.close()

@@ -1,0 +1,55 @@
+"""Closed sets: failure classes of an attempt, and statuses of a node or run.
+
+Failure classes are deterministic labels of evidence, not diagnoses (DESIGN section 7).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FailureClass(StrEnum):
+    """Why an attempt failed, from evidence the runtime observed itself."""
+
+    AGENT_EXIT = "agent_exit"
+    AGENT_TIMEOUT = "agent_timeout"
+    ARTIFACT_CONTRACT = "artifact_contract"
+    CONTRADICTORY_COMPLETION = "contradictory_completion"
+    LAUNCH_ERROR = "launch_error"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+    DIGEST_MISMATCH = "digest_mismatch"
+
+    def is_retryable(self) -> bool:
+        """A tampered plan is never retried, whatever ``retry_on`` says."""
+        return self is not FailureClass.DIGEST_MISMATCH
+
+    def is_charged(self) -> bool:
+        """Lost and cancelled attempts say nothing about the work: they do not count
+        against the node's ``max_attempts`` (they do count against the run budget)."""
+        return self not in (FailureClass.LOST, FailureClass.CANCELLED)
+
+
+DEFAULT_RETRY_ON = (
+    FailureClass.AGENT_EXIT,
+    FailureClass.ARTIFACT_CONTRACT,
+    FailureClass.CONTRADICTORY_COMPLETION,
+)
+
+
+class NodeStatus(StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+    def is_terminal(self) -> bool:
+        return self in (NodeStatus.SUCCEEDED, NodeStatus.FAILED, NodeStatus.SKIPPED)
+
+
+class RunStatus(StrEnum):
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"

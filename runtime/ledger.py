@@ -1,0 +1,286 @@
+"""The append-only ledger (``ledger.jsonl``) and the run state folded from it.
+
+One JSON object per line, each with ``schema_version``, a monotonically increasing
+``seq`` and an ``event`` tag (DESIGN section 7). A line is written with one
+``write(2)`` on an O_APPEND descriptor and fsync'd before ``append`` returns, so the
+runtime never acts on an event that a crash could lose; concurrent appenders share
+one fsync (group commit). A torn last line, as a crash leaves it, is ignored on read.
+``state.json`` and ``runtime resume`` are both derived by ``fold``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from .errors import LedgerError
+from .failures import FailureClass, NodeStatus, RunStatus
+
+LEDGER_SCHEMA_VERSION = 1
+STATE_SCHEMA_VERSION = 1
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    seq: int = 0
+    ts: float = Field(default=0.0, description="Unix time the event was appended.")
+
+
+class RunStarted(_Event):
+    event: Literal["run.started"] = "run.started"
+    run_id: str
+    plan_digest: str
+    topology: str
+    resumed: bool = False
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="Run-level overrides: agent, jobs, budget, "
+        "deadline, no_fallback, and per-node retry settings from --set.")
+
+
+class AttemptStarted(_Event):
+    event: Literal["attempt.started"] = "attempt.started"
+    node: str
+    attempt: int
+    profile: str
+    trigger: Literal["initial", "retry"]
+    prior_attempt: int | None = None
+    prompt_digest: str
+    preamble_digest: str | None = None
+
+
+class AttemptFinished(_Event):
+    event: Literal["attempt.finished"] = "attempt.finished"
+    node: str
+    attempt: int
+    outcome: Literal["succeeded"] | FailureClass
+    exit_code: int | None = None
+    error: str = Field(default="", description="Redacted, bounded error text.")
+    fingerprint: str | None = None
+    duration_s: float = 0.0
+
+
+class NodeSucceeded(_Event):
+    event: Literal["node.succeeded"] = "node.succeeded"
+    node: str
+    attempts: int
+
+
+class NodeFailed(_Event):
+    event: Literal["node.failed"] = "node.failed"
+    node: str
+    failure: FailureClass | None
+    reason: str
+
+
+class NodeSkipped(_Event):
+    event: Literal["node.skipped"] = "node.skipped"
+    node: str
+    failed_ancestor: str
+
+
+class RunFinished(_Event):
+    event: Literal["run.finished"] = "run.finished"
+    status: RunStatus
+    counts: dict[str, int] = Field(default_factory=dict)
+
+
+Event = Annotated[
+    RunStarted | AttemptStarted | AttemptFinished | NodeSucceeded | NodeFailed | NodeSkipped
+    | RunFinished,
+    Field(discriminator="event"),
+]
+EVENT_ADAPTER: TypeAdapter[Event] = TypeAdapter(Event)
+
+
+class Ledger:
+    """Appends events durably. Thread-safe; one instance per run directory."""
+
+    def __init__(self, path: Path, *, after_append: Callable[[Event], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lock = threading.Lock()
+        self._sync_lock = threading.Lock()
+        self._written = 0
+        self._synced = 0
+        self.events: list[Event] = read_events(path) if path.exists() else []
+        self._next_seq = (self.events[-1].seq if self.events else 0) + 1
+        self._after_append = after_append
+        self._clock = clock
+
+    def append(self, event: Event) -> Event:
+        """Assign ``seq``, write the line, fsync it; return the event as written."""
+        with self._lock:
+            stamped = event.model_copy(update={"seq": self._next_seq, "ts": self._clock()})
+            self._next_seq += 1
+            os.write(self._fd, stamped.model_dump_json().encode() + b"\n")
+            self.events.append(stamped)
+            self._written += 1
+            mine = self._written
+        with self._sync_lock:
+            if self._synced < mine:  # another appender's fsync may already cover us
+                target = self._written
+                os.fsync(self._fd)
+                self._synced = target
+        if self._after_append is not None:
+            self._after_append(stamped)
+        return stamped
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def read_events(path: Path) -> list[Event]:
+    """Parse a ledger; a torn (incomplete or unparsable) last line is dropped."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise LedgerError(path, f"cannot read ledger: {exc.strerror}") from None
+    lines = raw.split(b"\n")
+    torn_ok = not raw.endswith(b"\n")  # the last element is then an unterminated line
+    events: list[Event] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines) and torn_ok:
+                break  # torn by a crash mid-write
+            raise LedgerError(path, f"line {number}: not JSON; the ledger is corrupt") from None
+        version = data.get("schema_version") if isinstance(data, dict) else None
+        if isinstance(version, int) and version > LEDGER_SCHEMA_VERSION:
+            raise LedgerError(path, f"line {number}: schema_version {version} is newer than "
+                              f"this runtime reads ({LEDGER_SCHEMA_VERSION}); upgrade")
+        try:
+            events.append(EVENT_ADAPTER.validate_python(data))
+        except ValidationError as exc:
+            if number == len(lines) and torn_ok:
+                break
+            raise LedgerError(path, f"line {number}: not a ledger event: "
+                              f"{exc.errors()[0]['msg']}") from None
+    return events
+
+
+class AttemptRecord(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    attempt: int
+    profile: str
+    trigger: Literal["initial", "retry"]
+    outcome: Literal["succeeded"] | FailureClass | None = None
+    exit_code: int | None = None
+    error: str = ""
+    fingerprint: str | None = None
+    duration_s: float | None = None
+
+
+class NodeState(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: NodeStatus = NodeStatus.PENDING
+    attempts: list[AttemptRecord] = []
+    failure: FailureClass | None = None
+    reason: str | None = None
+    failed_ancestor: str | None = None
+
+    @property
+    def charged(self) -> int:
+        """Attempts that count against ``max_attempts`` (lost and cancelled do not)."""
+        return sum(1 for a in self.attempts
+                   if a.outcome is not None and (a.outcome == "succeeded"
+                                                 or FailureClass(a.outcome).is_charged()))
+
+    @property
+    def consecutive_lost(self) -> int:
+        count = 0
+        for a in reversed(self.attempts):
+            if a.outcome != FailureClass.LOST:
+                break
+            count += 1
+        return count
+
+    @property
+    def last_failure(self) -> AttemptRecord | None:
+        failed = [a for a in self.attempts if a.outcome not in (None, "succeeded")]
+        return failed[-1] if failed else None
+
+    def unfinished(self) -> list[AttemptRecord]:
+        return [a for a in self.attempts if a.outcome is None]
+
+
+class RunState(BaseModel):
+    """``state.json``: the ledger folded. Derived; the ledger stays the source of truth."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    run_id: str
+    topology: str
+    plan_digest: str
+    status: RunStatus
+    last_seq: int
+    attempts_used: int
+    settings: dict[str, Any]
+    nodes: dict[str, NodeState]
+
+
+def fold(events: Iterable[Event], node_ids: Iterable[str]) -> RunState:
+    """Replay events into a run state. Pure."""
+    nodes: dict[str, dict[str, Any]] = {n: {"status": NodeStatus.PENDING, "attempts": []}
+                                        for n in node_ids}
+    head: RunStarted | None = None
+    status, last_seq, used = RunStatus.RUNNING, 0, 0
+    settings: dict[str, Any] = {}
+    for ev in events:
+        last_seq = ev.seq
+        match ev:
+            case RunStarted():
+                head = head or ev
+                settings = ev.settings
+                status = RunStatus.RUNNING
+            case AttemptStarted():
+                used += 1
+                nodes[ev.node]["status"] = NodeStatus.RUNNING
+                nodes[ev.node]["attempts"].append(
+                    {"attempt": ev.attempt, "profile": ev.profile, "trigger": ev.trigger})
+            case AttemptFinished():
+                for rec in nodes[ev.node]["attempts"]:
+                    if rec["attempt"] == ev.attempt:
+                        rec.update(outcome=ev.outcome, exit_code=ev.exit_code, error=ev.error,
+                                   fingerprint=ev.fingerprint, duration_s=ev.duration_s)
+                if nodes[ev.node]["status"] is NodeStatus.RUNNING:
+                    nodes[ev.node]["status"] = NodeStatus.PENDING
+            case NodeSucceeded():
+                nodes[ev.node]["status"] = NodeStatus.SUCCEEDED
+            case NodeFailed():
+                nodes[ev.node].update(status=NodeStatus.FAILED, failure=ev.failure,
+                                      reason=ev.reason)
+            case NodeSkipped():
+                nodes[ev.node].update(status=NodeStatus.SKIPPED,
+                                      failed_ancestor=ev.failed_ancestor)
+            case RunFinished():
+                status = ev.status
+    if head is None:
+        raise LedgerError("ledger.jsonl", "no run.started event; not a run ledger")
+    return RunState(
+        run_id=head.run_id, topology=head.topology, plan_digest=head.plan_digest,
+        status=status, last_seq=last_seq, attempts_used=used, settings=settings,
+        nodes={n: NodeState.model_validate(d) for n, d in nodes.items()},
+    )
+
+
+def write_state(path: Path, state: RunState) -> None:
+    """Replace ``state.json`` atomically (write a sibling, then rename over)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(state.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, path)

@@ -1,0 +1,164 @@
+"""Start and resume runs: the I/O edge around the scheduler.
+
+``start_run`` verifies the plan, lays out ``artifacts/runs/<run-id>/`` (DESIGN section
+5), records ``run.started`` with the run settings, and drives the DAG. ``resume_run``
+folds the ledger, records every started-but-unfinished attempt as ``lost``, and drives
+what is left with the settings the run started with. The run directory is
+self-contained: a resume needs neither the plan directory nor the topology.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .digest import blake3_hex
+from .errors import LedgerError, PlanIntegrityError, UsageError
+from .execute import AttemptBudget, RunContext
+from .failures import FailureClass, RunStatus
+from .ledger import AttemptFinished, Event, Ledger, RunStarted, RunState, fold, read_events
+from .plan import MANIFEST_NAME, PROMPTS_DIR, Manifest, read_manifest
+from .records import RunSettings
+from .redact import Redactor
+from .rundir import READ_ONLY, RunLayout, check_run_id
+from .scheduler import Scheduler
+from .verify import verify_plan_dir
+
+LOST_ERROR = "the runtime stopped before this attempt finished (crash, kill or power loss)"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    run_dir: Path
+    status: RunStatus
+    state: RunState
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Test and CLI seams: a cancel event, a clock, and a callback after each append."""
+
+    cancel: threading.Event | None = None
+    after_append: Callable[[Event], None] | None = None
+    clock: Callable[[], float] = time.time
+
+
+def default_run_id(topology: str) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    return f"{topology}-{stamp}-{secrets.token_hex(3)}"
+
+
+def check_settings(manifest: Manifest, settings: RunSettings) -> None:
+    """Refuse settings that name a profile, node or field the plan does not have."""
+    known = ", ".join(sorted(manifest.agents))
+    if settings.agent is not None and settings.agent not in manifest.agents:
+        raise UsageError(f"--agent {settings.agent}: no such profile in the plan; known: "
+                         f"{known}")
+    for node in settings.overrides:
+        if node not in manifest.nodes:
+            raise UsageError(f"--set {node}.*: no node {node!r} in the plan; nodes: "
+                             f"{', '.join(sorted(manifest.nodes))}")
+
+
+def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
+              run_id: str | None = None, redactor: Redactor | None = None,
+              hooks: Hooks | None = None) -> RunResult:
+    problems = verify_plan_dir(plan_dir)
+    if problems:
+        raise PlanIntegrityError(plan_dir, problems)
+    manifest, raw = read_manifest(plan_dir)
+    check_settings(manifest, settings)
+    run_id = check_run_id(run_id) if run_id else default_run_id(manifest.topology.name)
+    layout = RunLayout(artifacts / "runs" / run_id)
+    if layout.root.exists():
+        raise UsageError(f"run {run_id} already exists at {layout.root}; continue it with "
+                         f"`runtime resume {layout.root}` or choose another --run-id")
+    _lay_out(layout, plan_dir, manifest, raw)
+    hooks = hooks or Hooks()
+    ledger = Ledger(layout.ledger, after_append=hooks.after_append, clock=hooks.clock)
+    ledger.append(RunStarted(run_id=run_id, plan_digest=blake3_hex(raw),
+                             topology=manifest.topology.name,
+                             settings=settings.model_dump(mode="json")))
+    return _drive(layout, manifest, settings, ledger, redactor, hooks)
+
+
+def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes) -> None:
+    tmp = layout.root.with_name(f".{layout.root.name}.tmp-{os.getpid()}")
+    tmp.mkdir(parents=True)
+    staged = RunLayout(tmp)
+    fd = os.open(staged.plan_json, os.O_WRONLY | os.O_CREAT | os.O_EXCL, READ_ONLY)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(raw)
+    for nid, node in manifest.nodes.items():
+        staged.workspace(nid).mkdir(parents=True)
+        dst = staged.prompt_rendered(nid)
+        shutil.copyfile(plan_dir / PROMPTS_DIR / f"{node.prompt_digest}.md", dst)
+        os.chmod(dst, READ_ONLY)
+    os.rename(tmp, layout.root)  # the run appears whole or not at all
+
+
+def resolve_run_dir(run: str, artifacts: Path) -> Path:
+    """A run directory, or a run id under ``artifacts/runs``."""
+    candidate = Path(run)
+    if (candidate / "ledger.jsonl").is_file():
+        return candidate
+    by_id = artifacts / "runs" / run
+    if (by_id / "ledger.jsonl").is_file():
+        return by_id
+    raise UsageError(f"{run}: not a run directory (no ledger.jsonl) and no run with that id "
+                     f"under {artifacts / 'runs'}")
+
+
+def load_run(run_dir: Path) -> tuple[Manifest, RunState]:
+    events = read_events(run_dir / "ledger.jsonl")
+    manifest, raw = read_manifest(run_dir)
+    starts = [e for e in events if isinstance(e, RunStarted)]
+    if not starts:
+        raise LedgerError(run_dir / "ledger.jsonl", "no run.started event; not a run ledger")
+    if blake3_hex(raw) != starts[0].plan_digest:
+        raise PlanIntegrityError(run_dir, [f"{run_dir / MANIFEST_NAME} hashes to "
+                                           f"{blake3_hex(raw)}, the run started with "
+                                           f"{starts[0].plan_digest}"])
+    return manifest, fold(events, manifest.nodes)
+
+
+def resume_run(run_dir: Path, *, redactor: Redactor | None = None,
+               hooks: Hooks | None = None) -> RunResult:
+    manifest, state = load_run(run_dir)
+    layout = RunLayout(run_dir)
+    if state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+        return RunResult(state.run_id, run_dir, state.status, state)
+    settings = RunSettings.model_validate(state.settings)
+    hooks = hooks or Hooks()
+    ledger = Ledger(layout.ledger, after_append=hooks.after_append, clock=hooks.clock)
+    ledger.append(RunStarted(run_id=state.run_id, plan_digest=state.plan_digest,
+                             topology=state.topology, resumed=True, settings=state.settings))
+    for nid, node_state in state.nodes.items():
+        for rec in node_state.unfinished():
+            ledger.append(AttemptFinished(node=nid, attempt=rec.attempt,
+                                          outcome=FailureClass.LOST, error=LOST_ERROR))
+    return _drive(layout, manifest, settings, ledger, redactor, hooks)
+
+
+def _drive(layout: RunLayout, manifest: Manifest, settings: RunSettings, ledger: Ledger,
+           redactor: Redactor | None, hooks: Hooks) -> RunResult:
+    state = fold(ledger.events, manifest.nodes)
+    limit = settings.max_total_attempts
+    ctx = RunContext(
+        run_id=state.run_id, layout=layout, manifest=manifest, settings=settings,
+        ledger=ledger, budget=AttemptBudget(limit, used=state.attempts_used),
+        redactor=redactor or Redactor.from_environment(os.environ),
+        cancel=hooks.cancel or threading.Event(), clock=hooks.clock)
+    try:
+        status = Scheduler(ctx, state).run()
+    finally:
+        ledger.close()
+    final = fold(read_events(layout.ledger), manifest.nodes)
+    return RunResult(state.run_id, layout.root, status, final)

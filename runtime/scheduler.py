@@ -1,0 +1,112 @@
+"""The DAG: readiness, bounded concurrency, skip propagation, cancellation.
+
+Ready nodes (every upstream succeeded) go to up to ``jobs`` worker threads, in a
+deterministic order. A failed node's descendants are skipped at once, naming the failed
+ancestor; independent branches keep running. Ctrl-C (or SIGTERM, via the cancel event)
+stops launching, terminates running agents, records their attempts ``cancelled`` and
+leaves the run resumable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+import networkx as nx
+
+from .execute import NodeExecutor, NodeOutcome, RunContext
+from .failures import NodeStatus, RunStatus
+from .ledger import NodeFailed, NodeSkipped, NodeSucceeded, RunFinished, RunState, fold
+from .ledger import write_state as _write_state
+
+log = logging.getLogger(__name__)
+
+STATE_INTERVAL_S = 1.0
+
+
+class Scheduler:
+    def __init__(self, ctx: RunContext, state: RunState) -> None:
+        self.ctx = ctx
+        self.graph: nx.DiGraph[str] = nx.DiGraph()
+        for nid, node in ctx.manifest.nodes.items():
+            self.graph.add_node(nid)
+            self.graph.add_edges_from((up, nid) for up in node.needs)
+        self.order = list(nx.lexicographical_topological_sort(self.graph))
+        self.status = {n: s.status for n, s in state.nodes.items()}
+        self.history = dict(state.nodes)
+        self._state_written = 0.0
+
+    def _ready(self) -> list[str]:
+        return [n for n in self.order if self.status[n] is NodeStatus.PENDING
+                and all(self.status[u] is NodeStatus.SUCCEEDED for u in self.graph.pred[n])]
+
+    def _skip_descendants(self, failed: str) -> None:
+        below = nx.descendants(self.graph, failed)
+        for nid in self.order:
+            if nid in below and not self.status[nid].is_terminal():
+                self.status[nid] = NodeStatus.SKIPPED
+                self.ctx.ledger.append(NodeSkipped(node=nid, failed_ancestor=failed))
+
+    def _skip_blocked_at_start(self) -> None:
+        """On resume, pending nodes below an already failed or skipped node are skipped."""
+        for nid in self.order:
+            if self.status[nid] is NodeStatus.FAILED:
+                self._skip_descendants(nid)
+
+    def run(self) -> RunStatus:
+        self._skip_blocked_at_start()
+        running: dict[Future[NodeOutcome], str] = {}
+        with ThreadPoolExecutor(max_workers=self.ctx.settings.jobs,
+                                thread_name_prefix="node") as pool:
+            while True:
+                if not self.ctx.cancel.is_set():
+                    for nid in self._ready():
+                        if len(running) >= self.ctx.settings.jobs:
+                            break
+                        self.status[nid] = NodeStatus.RUNNING
+                        executor = NodeExecutor(self.ctx, nid, self.history[nid])
+                        running[pool.submit(executor.run)] = nid
+                if not running:
+                    break
+                try:
+                    done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+                except KeyboardInterrupt:
+                    log.warning("interrupted: stopping agents; the run stays resumable")
+                    self.ctx.cancel.set()
+                    continue
+                for fut in done:
+                    self._settle(running.pop(fut), fut.result())
+                self._maybe_write_state()
+        return self._finish()
+
+    def _settle(self, nid: str, outcome: NodeOutcome) -> None:
+        self.status[nid] = outcome.status
+        if outcome.status is NodeStatus.SUCCEEDED:
+            self.ctx.ledger.append(NodeSucceeded(node=nid, attempts=outcome.attempts))
+        elif outcome.status is NodeStatus.FAILED:
+            self.ctx.ledger.append(NodeFailed(node=nid, failure=outcome.failure,
+                                              reason=outcome.reason))
+            self._skip_descendants(nid)
+
+    def _finish(self) -> RunStatus:
+        if self.ctx.cancel.is_set() and any(not s.is_terminal() for s in self.status.values()):
+            status = RunStatus.CANCELLED
+        elif all(s is NodeStatus.SUCCEEDED for s in self.status.values()):
+            status = RunStatus.SUCCEEDED
+        else:
+            status = RunStatus.FAILED
+        counts: dict[str, int] = {}
+        for s in self.status.values():
+            counts[s.value] = counts.get(s.value, 0) + 1
+        self.ctx.ledger.append(RunFinished(status=status, counts=dict(sorted(counts.items()))))
+        self.write_state()
+        return status
+
+    def _maybe_write_state(self) -> None:
+        if time.monotonic() - self._state_written >= STATE_INTERVAL_S:
+            self.write_state()
+
+    def write_state(self) -> None:
+        _write_state(self.ctx.layout.state, fold(self.ctx.ledger.events, self.order))
+        self._state_written = time.monotonic()
