@@ -66,3 +66,27 @@ def project(tmp_path: Path) -> Project:
     p.root.mkdir()
     p.template("task.md.j2", DEFAULT_TEMPLATE)
     return p
+
+
+def python_agents(*names: str) -> dict[str, Any]:
+    return {n: {"kind": "python", "target": f"tests.agent_scripts:{n}"} for n in names}
+
+
+def plan_dir_for(project: Project, topo: Mapping[str, Any]) -> Path:
+    from runtime.plan import plan_topology, write_plan
+
+    project.write_topology(topo)
+    return write_plan(plan_topology(project.topology, project.prompts), project.artifacts)
+
+
+def run_topology(project: Project, topo: Mapping[str, Any], **settings: Any) -> Any:
+    """Plan and run in-process; returns the RunResult."""
+    from runtime.records import RunSettings
+    from runtime.redact import Redactor
+    from runtime.run import Hooks, start_run
+
+    hooks = settings.pop("hooks", None) or Hooks()
+    run_id = settings.pop("run_id", "test-run")
+    redactor = settings.pop("redactor", None) or Redactor.from_environment({})
+    return start_run(plan_dir_for(project, topo), project.artifacts, RunSettings(**settings),
+                     run_id=run_id, redactor=redactor, hooks=hooks)

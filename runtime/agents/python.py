@@ -1,11 +1,13 @@
 """``python`` agent: a callable ``module:function`` taking an Invocation, for tests and
 in-process agents. It returns an ``AgentExit``, an exit code, or None (exit 0); an
 exception is an agent exit with status 1 and the exception text on stderr. It runs in a
-worker thread and must honour ``inv.timeout_s`` and ``inv.cancel`` itself."""
+thread of its own; past ``inv.timeout_s`` the attempt is recorded as timed out and the
+runtime moves on (a thread cannot be killed: the callable should honour ``inv.cancel``)."""
 
 from __future__ import annotations
 
 import importlib
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -31,11 +33,24 @@ class PythonAgent:
             func = load_target(self.profile.target)
         except (ImportError, AttributeError, TypeError) as exc:
             return AgentExit(launch_error=f"{self.profile.target}: {exc}")
-        try:
-            result = func(inv)
-        except Exception as exc:  # the agent's bug is the agent's failure, not ours
-            inv.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
-            return AgentExit(exit_code=1)
-        if isinstance(result, AgentExit):
-            return result
-        return AgentExit(exit_code=0 if result is None else int(result))
+        box: list[AgentExit] = []
+        worker = threading.Thread(target=_call, args=(func, inv, box), daemon=True,
+                                  name=f"agent-{inv.node}-{inv.attempt}")
+        worker.start()
+        worker.join(inv.timeout_s)
+        if worker.is_alive():
+            return AgentExit(timed_out=True)
+        return box[0] if box else AgentExit(exit_code=1)
+
+
+def _call(func: Callable[[Invocation], Any], inv: Invocation, box: list[AgentExit]) -> None:
+    try:
+        result = func(inv)
+    except Exception as exc:  # the agent's bug is the agent's failure, not ours
+        inv.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
+        box.append(AgentExit(exit_code=1))
+        return
+    if isinstance(result, AgentExit):
+        box.append(result)
+    else:
+        box.append(AgentExit(exit_code=0 if result is None else int(result)))
