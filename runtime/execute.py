@@ -219,8 +219,15 @@ class NodeExecutor:
     def attempt_once(self) -> AttemptResult:
         if (blocked := self._blocked()) is not None:
             return AttemptResult(outcome=None, blocked=blocked)
-        number = max((a.attempt for a in self.history), default=0) + 1
-        return _Attempt(self, number).run()
+        return _Attempt(self, self._next_number()).run()
+
+    def _next_number(self) -> int:
+        """Attempt numbers never repeat: a crash can leave an attempt directory whose
+        ``attempt.started`` never reached the ledger, so existing directories count too."""
+        root = self.ctx.layout.node_dir(self.node_id) / "attempts"
+        on_disk = [int(p.name) for p in root.iterdir() if p.name.isdigit()] \
+            if root.is_dir() else []
+        return max([a.attempt for a in self.history] + on_disk, default=0) + 1
 
     def prior_failures(self) -> list[PriorFailure]:
         """Distinct prior failures, newest first, deduplicated by fingerprint."""

@@ -107,6 +107,7 @@ class Ledger:
     def __init__(self, path: Path, *, after_append: Callable[[Event], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.path = path
+        _cut_torn_tail(path)
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
@@ -137,6 +138,19 @@ class Ledger:
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def _cut_torn_tail(path: Path) -> None:
+    """A crash mid-write leaves an unterminated last line; it was never durable, and
+    appending after it would corrupt the next line, so it is cut before appending."""
+    if not path.exists():
+        return
+    with path.open("rb+") as fh:
+        data = fh.read()
+        if data and not data.endswith(b"\n"):
+            fh.truncate(data.rfind(b"\n") + 1)
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def read_events(path: Path) -> list[Event]:
@@ -203,7 +217,7 @@ class NodeState(BaseModel):
     @property
     def consecutive_lost(self) -> int:
         count = 0
-        for a in reversed(self.attempts):
+        for a in reversed([a for a in self.attempts if a.outcome is not None]):
             if a.outcome != FailureClass.LOST:
                 break
             count += 1

@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.errors import LedgerError
+from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.ledger import (
+    EVENT_ADAPTER,
+    AttemptFinished,
+    AttemptStarted,
+    Event,
+    Ledger,
+    NodeFailed,
+    NodeSkipped,
+    NodeSucceeded,
+    RunFinished,
+    RunStarted,
+    fold,
+    read_events,
+)
+
+EVENTS: list[Event] = [
+    RunStarted(run_id="r", plan_digest="d" * 64, topology="t", settings={"jobs": 2}),
+    AttemptStarted(node="a", attempt=1, profile="sim", trigger="initial",
+                   prompt_digest="p" * 64),
+    AttemptFinished(node="a", attempt=1, outcome=FailureClass.AGENT_EXIT, exit_code=1,
+                    error="boom", fingerprint="f" * 16, duration_s=0.5),
+    AttemptStarted(node="a", attempt=2, profile="sim", trigger="retry", prior_attempt=1,
+                   prompt_digest="q" * 64, preamble_digest="r" * 64),
+    AttemptFinished(node="a", attempt=2, outcome="succeeded", exit_code=0),
+    NodeSucceeded(node="a", attempts=2),
+    NodeFailed(node="b", failure=FailureClass.ARTIFACT_CONTRACT, reason="attempts exhausted"),
+    NodeSkipped(node="c", failed_ancestor="b"),
+    RunFinished(status=RunStatus.FAILED, counts={"failed": 1}),
+]
+
+
+@pytest.mark.parametrize("event", EVENTS, ids=[e.event + str(i) for i, e in enumerate(EVENTS)])
+def test_each_event_round_trips(event: Event) -> None:
+    line = event.model_dump_json()
+    assert EVENT_ADAPTER.validate_json(line) == event
+    assert json.loads(line)["schema_version"] == 1
+
+
+def _write(tmp_path: Path, events: list[Event]) -> Path:
+    ledger = Ledger(tmp_path / "ledger.jsonl", clock=lambda: 1.0)
+    for e in events:
+        ledger.append(e)
+    ledger.close()
+    return tmp_path / "ledger.jsonl"
+
+
+def test_seq_is_monotonic_across_reopen(tmp_path: Path) -> None:
+    path = _write(tmp_path, EVENTS[:3])
+    _write(tmp_path, EVENTS[3:])
+    assert [e.seq for e in read_events(path)] == list(range(1, len(EVENTS) + 1))
+
+
+def test_torn_last_line_is_tolerated_and_cut_before_appending(tmp_path: Path) -> None:
+    path = _write(tmp_path, EVENTS[:2])
+    with path.open("ab") as fh:
+        fh.write(b'{"schema_version":1,"seq":3,"event":"attempt.fin')
+    assert len(read_events(path)) == 2
+    _write(tmp_path, EVENTS[2:3])
+    events = read_events(path)
+    assert [e.event for e in events] == ["run.started", "attempt.started", "attempt.finished"]
+    assert events[-1].seq == 3
+
+
+def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, EVENTS[:2])
+    lines = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join([lines[0], b"garbage", lines[1], b""]))
+    with pytest.raises(LedgerError, match="line 2: not JSON; the ledger is corrupt"):
+        read_events(path)
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.jsonl"
+    path.write_text(json.dumps({"schema_version": 2, "seq": 1, "event": "run.started"}) + "\n")
+    with pytest.raises(LedgerError, match="schema_version 2 is newer than this runtime"):
+        read_events(path)
+
+
+def test_fold(tmp_path: Path) -> None:
+    state = fold(read_events(_write(tmp_path, EVENTS)), ["a", "b", "c", "d"])
+    assert state.status is RunStatus.FAILED and state.attempts_used == 2
+    a = state.nodes["a"]
+    assert a.status is NodeStatus.SUCCEEDED and a.charged == 2
+    assert [r.outcome for r in a.attempts] == [FailureClass.AGENT_EXIT, "succeeded"]
+    assert state.nodes["b"].reason == "attempts exhausted"
+    assert state.nodes["c"].failed_ancestor == "b"
+    assert state.nodes["d"].status is NodeStatus.PENDING
+
+
+def test_fold_counts_lost_attempts_apart(tmp_path: Path) -> None:
+    events: list[Event] = [EVENTS[0]]
+    for n in (1, 2):
+        events += [AttemptStarted(node="a", attempt=n, profile="s", trigger="initial",
+                                  prompt_digest="p"),
+                   AttemptFinished(node="a", attempt=n, outcome=FailureClass.LOST)]
+    events.append(AttemptStarted(node="a", attempt=3, profile="s", trigger="retry",
+                                 prompt_digest="p"))
+    state = fold(events, ["a"])
+    a = state.nodes["a"]
+    assert (a.charged, a.consecutive_lost, state.attempts_used) == (0, 2, 3)
+    assert [r.attempt for r in a.unfinished()] == [3]
+    assert a.status is NodeStatus.RUNNING

@@ -1,0 +1,178 @@
+"""A crash at any point is resumable: nothing lost, nothing counted twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.failures import FailureClass, RunStatus
+from runtime.ledger import AttemptFinished, AttemptStarted, NodeSucceeded, read_events
+from runtime.redact import Redactor
+from runtime.run import resume_run
+from tests.conftest import REPO, Project, make_topology, python_agents, run_topology
+
+
+def _topology() -> dict[str, Any]:
+    topo = make_topology({"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"]},
+                         b={"agent": "fail_first"})
+    topo["agents"] = python_agents("write_all", "fail_first")
+    topo["defaults"] = {"agent": "write_all", "max_attempts": 3}
+    return topo
+
+
+def _check_invariants(run_dir: Path) -> None:
+    events = read_events(run_dir / "ledger.jsonl")
+    started = [(e.node, e.attempt) for e in events if isinstance(e, AttemptStarted)]
+    finished = [(e.node, e.attempt) for e in events if isinstance(e, AttemptFinished)]
+    assert len(started) == len(set(started)), "an attempt number was reused"
+    assert Counter(started) == Counter(finished), "an attempt has no terminal record"
+    succeeded = [e.node for e in events if isinstance(e, NodeSucceeded)]
+    assert len(succeeded) == len(set(succeeded)), "a node succeeded twice"
+    done_at = {e.node: e.seq for e in events if isinstance(e, NodeSucceeded)}
+    for e in events:
+        if isinstance(e, AttemptStarted) and e.node in done_at:
+            assert e.seq < done_at[e.node], f"{e.node} ran again after it succeeded"
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+
+
+@pytest.fixture(scope="module")
+def completed_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    project = Project(tmp_path_factory.mktemp("crash") / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task for {{ node.id }}.\n")
+    result = run_topology(project, _topology(), jobs=2)
+    assert result.status is RunStatus.SUCCEEDED
+    return result.run_dir
+
+
+def _event_count(run_dir: Path) -> int:
+    return len((run_dir / "ledger.jsonl").read_bytes().splitlines())
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["clean-cut", "torn-line"])
+def test_crash_at_every_ledger_position_resumes(completed_run: Path, tmp_path: Path,
+                                                torn: bool) -> None:
+    lines = (completed_run / "ledger.jsonl").read_bytes().splitlines(keepends=True)
+    for k in range(1, len(lines)):
+        run_dir = tmp_path / f"crash-{k}"
+        shutil.copytree(completed_run, run_dir)
+        # The files of later steps stay, as they would after a real crash; only the
+        # ledger (the source of truth) is cut back to the first k durable events.
+        prefix = b"".join(lines[:k]) + (lines[k][: len(lines[k]) // 2] if torn else b"")
+        os.chmod(run_dir / "ledger.jsonl", 0o644)
+        (run_dir / "ledger.jsonl").write_bytes(prefix)
+        before = read_events(run_dir / "ledger.jsonl")
+        unfinished = {(e.node, e.attempt) for e in before if isinstance(e, AttemptStarted)} - {
+            (e.node, e.attempt) for e in before if isinstance(e, AttemptFinished)}
+        result = resume_run(run_dir, redactor=Redactor())
+        assert result.status is RunStatus.SUCCEEDED, f"crash after event {k}"
+        _check_invariants(run_dir)
+        events = read_events(run_dir / "ledger.jsonl")
+        lost = {(e.node, e.attempt) for e in events
+                if isinstance(e, AttemptFinished) and e.outcome == FailureClass.LOST}
+        assert lost == unfinished, f"crash after event {k}"
+        assert json.loads((run_dir / "state.json").read_text())["status"] == "succeeded"
+
+
+def test_resume_of_a_finished_run_changes_nothing(completed_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "done"
+    shutil.copytree(completed_run, run_dir)
+    before = (run_dir / "ledger.jsonl").read_bytes()
+    assert resume_run(run_dir).status is RunStatus.SUCCEEDED
+    assert (run_dir / "ledger.jsonl").read_bytes() == before
+
+
+class _Crash(BaseException):
+    """Stands for the process dying right after an event became durable."""
+
+
+def _crash_after_attempt_started(event: Any) -> None:
+    if isinstance(event, AttemptStarted):
+        raise _Crash
+
+
+def test_lost_attempts_are_not_charged_but_three_in_a_row_fail(tmp_path: Path) -> None:
+    from runtime.run import Hooks
+
+    project = Project(tmp_path / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task.\n")
+    topo = make_topology({"a": []})
+    topo["agents"] = python_agents("write_all")
+    topo["defaults"] = {"agent": "write_all", "max_attempts": 1}
+    with pytest.raises(_Crash):
+        run_topology(project, topo, hooks=Hooks(after_append=_crash_after_attempt_started))
+    run_dir = project.artifacts / "runs" / "test-run"
+    for _ in range(2):
+        with pytest.raises(_Crash):
+            resume_run(run_dir, hooks=Hooks(after_append=_crash_after_attempt_started))
+    result = resume_run(run_dir)
+    node = result.state.nodes["a"]
+    assert [a.outcome for a in node.attempts] == [FailureClass.LOST] * 3
+    assert node.reason == "lost 3 times in a row"
+    assert result.state.attempts_used == 3  # charged to the run, not to max_attempts
+
+
+def test_one_lost_attempt_is_retried_without_charge(tmp_path: Path) -> None:
+    from runtime.run import Hooks
+
+    project = Project(tmp_path / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task.\n")
+    topo = make_topology({"a": []})
+    topo["agents"] = python_agents("write_all")
+    topo["defaults"] = {"agent": "write_all", "max_attempts": 1}
+    with pytest.raises(_Crash):
+        run_topology(project, topo, hooks=Hooks(after_append=_crash_after_attempt_started))
+    result = resume_run(project.artifacts / "runs" / "test-run")
+    assert result.status is RunStatus.SUCCEEDED
+    assert [a.outcome for a in result.state.nodes["a"].attempts] == [FailureClass.LOST,
+                                                                     "succeeded"]
+
+
+@pytest.mark.slow
+def test_sigkill_of_a_real_run_then_resume(tmp_path: Path) -> None:
+    project = Project(tmp_path / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task for {{ node.id }}.\n")
+    topo = make_topology({"a": [], "b": ["a"], "c": ["b"]})
+    topo["agents"] = {"slow": {"kind": "command", "argv": [
+        "sh", "-c", 'sleep 0.4; printf "{}" > "$RUNTIME_NODE.json"']}}
+    topo["defaults"] = {"agent": "slow"}
+    project.write_topology(topo)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "runtime", *project.cli("run", str(project.topology),
+                                                          "--run-id", "killed")]
+    proc = subprocess.Popen(cmd, cwd=project.root, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledger = project.artifacts / "runs" / "killed" / "ledger.jsonl"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # kill while node b's agent is running
+        if ledger.exists() and b'"node":"b"' in ledger.read_bytes():
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    resumed = subprocess.run(
+        [sys.executable, "-m", "runtime", *project.cli("resume", "killed", "--json")],
+        cwd=project.root, env=env, capture_output=True, text=True, check=False, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    assert out["status"] == "succeeded"
+    assert out["nodes"]["a"]["attempts"] == 1  # never re-run
+    run_dir = project.artifacts / "runs" / "killed"
+    _check_invariants(run_dir)
+    events = read_events(run_dir / "ledger.jsonl")
+    lost = [e for e in events if isinstance(e, AttemptFinished) and e.outcome == "lost"]
+    assert [(e.node, e.attempt) for e in lost] == [("b", 1)]
