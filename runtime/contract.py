@@ -53,7 +53,7 @@ def check_artifact(workspace: Path, spec: ArtifactSpec) -> str | None:
 def _check_json(path: str, spec: ArtifactSpec) -> str | None:
     try:
         with open(path, "rb") as fh:
-            value: Any = json.loads(fh.read())
+            value: Any = json.loads(fh.read().decode("utf-8"))
     except UnicodeDecodeError:
         return f"{spec.path}: not UTF-8 JSON"
     except json.JSONDecodeError as exc:

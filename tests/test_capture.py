@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import resource
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from runtime.capture import BoundedCapture, pump
+
+
+def test_small_output_is_kept_whole(tmp_path: Path) -> None:
+    cap = BoundedCapture(tmp_path / "out.log", head=16, tail=16)
+    cap.write(b"hello\n")
+    cap.write("world\n")
+    cap.close()
+    assert (tmp_path / "out.log").read_bytes() == b"hello\nworld\n"
+    assert (cap.total, cap.dropped) == (12, 0)
+
+
+def test_head_and_tail_kept_and_drop_counted(tmp_path: Path) -> None:
+    cap = BoundedCapture(tmp_path / "out.log", head=10, tail=10)
+    for i in range(100):
+        cap.write(f"{i:03d}\n".encode())
+    cap.close()
+    data = (tmp_path / "out.log").read_bytes()
+    assert data.startswith(b"000\n001\n00")
+    assert data.endswith(b"\n[... 380 bytes dropped ...]\n7\n098\n099\n")
+    assert cap.total == 400 and cap.dropped == 380
+    assert b"[... 380 bytes dropped ...]" in data
+
+
+def test_tail_text_starts_at_a_line_boundary_after_a_cut(tmp_path: Path) -> None:
+    cap = BoundedCapture(tmp_path / "err.log", head=4, tail=24)
+    cap.write(b"AAAA" + b"token=SECRETSECRETSECRET\nlast line\n")
+    cap.close()
+    assert cap.tail_text(4096) == "last line\n"
+    small = BoundedCapture(tmp_path / "e2.log")
+    small.write(b"one\ntwo\nthree\n")
+    assert small.tail_text(9) == "three\n"  # the limit itself cut "two"
+    assert small.tail_text(100) == "one\ntwo\nthree\n"
+    small.close()
+
+
+@pytest.mark.slow
+def test_a_gigabyte_of_output_stays_bounded(tmp_path: Path) -> None:
+    cap = BoundedCapture(tmp_path / "big.log")
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    proc = subprocess.Popen(["head", "-c", str(1 << 30), "/dev/zero"], stdout=subprocess.PIPE)
+    assert proc.stdout is not None
+    pump(proc.stdout, cap)
+    proc.wait()
+    cap.close()
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert cap.total == 1 << 30
+    assert (tmp_path / "big.log").stat().st_size < 140 * 1024
+    assert grown_kib < 64 * 1024  # far below the gigabyte that went through
