@@ -164,3 +164,95 @@ def test_python_dash_m_entry_point(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["plan_digest"]
+
+
+def _sim_project(project: Project) -> None:
+    topo = make_topology({"a": [], "b": ["a"], "c": []})
+    topo["agents"]["flaky"] = {"kind": "simulated", "mistakes": {
+        "a": {"kind": "wrong_name", "attempts": [1]}}}
+    project.write_topology(topo)
+
+
+def test_run_json_reports_each_node(project: Project,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    _sim_project(project)
+    code, out, _ = _run(capsys, *project.cli("run", str(project.topology), "--json",
+                                             "--run-id", "r1", "--jobs", "2"))
+    result = json.loads(out)
+    assert code == 0 and result["run_id"] == "r1" and result["status"] == "succeeded"
+    assert Path(result["run_dir"]) == project.artifacts / "runs" / "r1"
+    assert {n: v["status"] for n, v in result["nodes"].items()} == {
+        "a": "succeeded", "b": "succeeded", "c": "succeeded"}
+
+
+def test_run_failure_exits_1_and_show_names_the_error(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    _sim_project(project)
+    code, out, _ = _run(capsys, *project.cli("run", str(project.topology), "--run-id", "r2",
+                                             "--agent", "flaky", "--set", "a.max_attempts=1"))
+    assert code == 1
+    assert "skipped" in out and "upstream a failed" in out
+    code, out, _ = _run(capsys, *project.cli("show", "r2"))
+    assert code == 1
+    assert "1:artifact_contract[flaky]" in out
+    assert "last error: a.json: required artifact missing; the workspace has: draft-a.json" in out
+    code, out, _ = _run(capsys, *project.cli("show", "r2", "--json"))
+    assert json.loads(out)["nodes"]["b"]["failed_ancestor"] == "a"
+
+
+def test_run_then_resume_is_a_no_op(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    _sim_project(project)
+    _run(capsys, *project.cli("run", str(project.topology), "--run-id", "r3"))
+    run_dir = project.artifacts / "runs" / "r3"
+    code, out, _ = _run(capsys, *project.cli("resume", str(run_dir), "--json"))
+    assert code == 0 and json.loads(out)["status"] == "succeeded"
+
+
+def test_run_plan_directory(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    _sim_project(project)
+    _, out, _ = _run(capsys, *project.cli("plan", str(project.topology), "--json"))
+    code, out, _ = _run(capsys, *project.cli("run", json.loads(out)["plan_dir"], "--json"))
+    assert code == 0 and json.loads(out)["status"] == "succeeded"
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--agent", "gpt"], "--agent gpt: no such profile in the plan; known: flaky, sim, simulated"),
+    (["--set", "zz.max_attempts=2"], "--set zz.max_attempts=2: no node 'zz' in the plan"),
+    (["--set", "a.timeout_s=2"], "'timeout_s' cannot be set per run; settable: max_attempts"),
+    (["--set", "a.max_attempts=0"], "max_attempts takes a whole number from 1 to 20"),
+    (["--set", "a.retry_feedback=maybe"], "retry_feedback takes true or false"),
+    (["--set", "a.retry_on=flaky"], "unknown failure class 'flaky'"),
+    (["--set", "nodot"], "expected NODE.FIELD=VALUE"),
+    (["--jobs", "0"], "--jobs 0: must be at least 1"),
+    (["--run-id", "../escape"], "--run-id '../escape': use 1-128 of"),
+])
+def test_run_usage_errors(project: Project, capsys: pytest.CaptureFixture[str],
+                          extra: list[str], message: str) -> None:
+    _sim_project(project)
+    code, _, err = _run(capsys, *project.cli("run", str(project.topology), *extra))
+    assert code == 2 and message in err, err
+    assert not (project.artifacts / "runs").exists() or not any(
+        (project.artifacts / "runs").iterdir())
+
+
+def test_existing_run_id_is_refused(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    _sim_project(project)
+    _run(capsys, *project.cli("run", str(project.topology), "--run-id", "dup"))
+    code, _, err = _run(capsys, *project.cli("run", str(project.topology), "--run-id", "dup"))
+    assert code == 2 and "run dup already exists" in err and "runtime resume" in err
+
+
+def test_resume_unknown_run(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = _run(capsys, *project.cli("resume", "nope"))
+    assert code == 2 and "nope: not a run directory" in err
+
+
+def test_tampered_plan_is_not_run(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    _sim_project(project)
+    _, out, _ = _run(capsys, *project.cli("plan", str(project.topology), "--json"))
+    plan_dir = Path(json.loads(out)["plan_dir"])
+    victim = sorted((plan_dir / "prompts").iterdir())[0]
+    os.chmod(victim, 0o644)
+    victim.write_text("tampered\n")
+    code, _, err = _run(capsys, *project.cli("run", str(plan_dir)))
+    assert code == 1 and "the plan does not verify; refusing to run" in err
