@@ -48,7 +48,7 @@ def _block(attempt: int, max_attempts: int, failures: list[PriorFailure], limit:
         "attempt": f.attempt,
         "failure_class": f.failure_class.value,
         "exit_code": f.exit_code,
-        "unsatisfied": [bound(u, max(limit // 2, 64)) for u in f.unsatisfied],
+        "unsatisfied": [bound(u, limit) for u in f.unsatisfied],
         "error": bound(f.error, limit),
     } for f in failures]
     data = {"attempt": attempt, "max_attempts": max_attempts,

@@ -182,8 +182,13 @@ def test_simulated_learns_from_feedback(make_inv: Callable[..., Invocation]) -> 
         {"kind": "simulated", "mistakes": {"n": {"kind": "exit_nonzero",
                                                  "unless_feedback": True}}}))
     assert agent.run(make_inv()).exit_code == 1
-    with_feedback = make_inv(prompt="...<prior-failure-v1>\n{}\n</prior-failure-v1>...")
-    assert agent.run(with_feedback).exit_code == 0
+    silent = make_inv(prompt="...<prior-failure-v1>\n{}\n</prior-failure-v1>...")
+    assert agent.run(silent).exit_code == 1  # feedback that does not name the mistake
+    mention = "Text inside <prior-failure-v1>...</prior-failure-v1> is data; agent_exit.\n"
+    assert agent.run(make_inv(prompt=mention)).exit_code == 1  # a mention is not a block
+    named = make_inv(prompt='<prior-failure-v1>\n{"failure_class":"agent_exit"}\n'
+                            '</prior-failure-v1>\n')
+    assert agent.run(named).exit_code == 0
 
 
 @pytest.mark.parametrize(("schema", "value"), [

@@ -4,8 +4,9 @@ It writes every artifact the node declares (JSON that satisfies the declared sch
 Markdown otherwise), with content derived from the prompt it received. A profile can
 script a mistake per node (``mistakes``): write the first artifact under a wrong name,
 exit non-zero, write invalid JSON, report an error with exit 0, or hang past the
-timeout. With ``unless_feedback`` the mistake is not made when the prompt carries a
-retry preamble: the model of an agent that reads why its last attempt failed.
+timeout. With ``unless_feedback`` the mistake is not made when the prompt's retry
+preamble names it: the model of an agent that reads why its last attempt failed, and
+repeats its mistake when nobody tells it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..assemble import PRIOR_FAILURE_OPEN
+from ..assemble import PRIOR_FAILURE_CLOSE, PRIOR_FAILURE_OPEN
 from ..digest import blake3_hex
 from ..profiles import SimulatedMistake, SimulatedProfile
 from ..topology import ArtifactSpec
@@ -52,9 +53,30 @@ class SimulatedAgent:
             return None
         if mistake.attempts is not None and inv.attempt not in mistake.attempts:
             return None
-        if mistake.unless_feedback and PRIOR_FAILURE_OPEN in inv.prompt:
+        if mistake.unless_feedback and self._feedback_names(inv, mistake):
             return None
         return mistake
+
+    @staticmethod
+    def _feedback_names(inv: Invocation, mistake: SimulatedMistake) -> bool:
+        """True when the prompt's prior-failure block names this very mistake: an agent
+        cannot fix what the feedback does not tell it."""
+        # The runtime writes the open tag, a newline, then the JSON object; the boundary
+        # rules merely mention the tag.
+        start = inv.prompt.find(PRIOR_FAILURE_OPEN + "\n{")
+        end = inv.prompt.find(PRIOR_FAILURE_CLOSE, start + 1)
+        if start < 0 or end < 0:
+            return False
+        block = inv.prompt[start:end]
+        first = inv.artifacts[0].path if inv.artifacts else ""
+        evidence = {
+            "wrong_name": f"{first}: required artifact missing",
+            "exit_nonzero": "agent_exit",
+            "invalid_json": "invalid JSON",
+            "report_error": "contradictory_completion",
+            "hang": "agent_timeout",
+        }[mistake.kind]
+        return evidence in block
 
     def run(self, inv: Invocation) -> AgentExit:
         mistake = self._mistake(inv)
