@@ -20,10 +20,18 @@ from .agents import AgentExit, Invocation, make_agent
 from .assemble import RuntimeContext, assemble_prompt
 from .capture import BoundedCapture
 from .contract import AcceptanceSummary, verify_artifacts
-from .digest import blake3_hex, canonical_json, file_blake3
+from .digest import blake3_hex, canonical_json
 from .failures import FailureClass, NodeStatus
 from .feedback import fingerprint, render_preamble
-from .ledger import AttemptFinished, AttemptRecord, AttemptStarted, Ledger, NodeState
+from .ledger import (
+    AttemptFinished,
+    AttemptRecord,
+    AttemptStarted,
+    Ledger,
+    NodeState,
+    charged_attempts,
+    consecutive_lost,
+)
 from .plan import Manifest, PlanNode
 from .records import AttemptContext, PriorFailure, RunSettings
 from .redact import Redactor
@@ -136,14 +144,14 @@ class NodeExecutor:
 
     # -- bookkeeping ---------------------------------------------------------------
     def charged(self) -> int:
-        return NodeState(attempts=self.history).charged
+        return charged_attempts(self.history)
 
     def _blocked(self) -> str | None:
         if self.ctx.cancel.is_set():
             return "cancelled"
         if self.charged() >= self.policy.ceiling:
             return f"attempts exhausted ({self.charged()} of {self.policy.ceiling})"
-        if NodeState(attempts=self.history).consecutive_lost >= LOST_STREAK_LIMIT:
+        if consecutive_lost(self.history) >= LOST_STREAK_LIMIT:
             return f"lost {LOST_STREAK_LIMIT} times in a row"
         deadline = self.ctx.settings.deadline_at
         if deadline is not None and self.ctx.clock() >= deadline:
@@ -273,17 +281,18 @@ class _Attempt:
         self.started = self.ctx.clock()
 
     def run(self) -> AttemptResult:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir()
         layout = self.ctx.layout
         plan_prompt_path = layout.prompt_rendered(self.node_id)
-        actual = file_blake3(plan_prompt_path)
+        plan_bytes = plan_prompt_path.read_bytes()  # hashed and used: one read, no race
+        actual = blake3_hex(plan_bytes)
         if actual != self.node.prompt_digest:
             error = (f"{plan_prompt_path.name} hashes to {actual}, the plan says "
                      f"{self.node.prompt_digest}: the plan was tampered with")
             self._start(prompt_digest=actual, preamble=None, prior=[])
             return self._finish(FailureClass.DIGEST_MISMATCH, None, error,
                                 AcceptanceSummary(), 0, 0)
-        plan_prompt = plan_prompt_path.read_text(encoding="utf-8")
+        plan_prompt = plan_bytes.decode("utf-8")
         layout.reset_workspace(self.node_id)
         inputs = layout.place_inputs(self.node_id, {
             up: [a.path for a in self.ctx.manifest.nodes[up].artifacts]
@@ -315,9 +324,14 @@ class _Attempt:
             started_at=self.started, **outcome)  # type: ignore[arg-type]
 
     def _write_context(self, ctx: AttemptContext) -> None:
+        data = (ctx.model_dump_json(indent=2) + "\n").encode()
+        target = self.dir / "attempt.json"
+        if ctx.outcome is None:  # the first write creates the file: nothing to replace
+            target.write_bytes(data)
+            return
         tmp = self.dir / ".attempt.json.tmp"
-        tmp.write_text(ctx.model_dump_json(indent=2) + "\n")
-        tmp.replace(self.dir / "attempt.json")
+        tmp.write_bytes(data)
+        tmp.replace(target)
 
     def _start(self, *, prompt_digest: str, preamble: str | None,
                prior: list[PriorFailure]) -> None:
@@ -403,7 +417,8 @@ class _Attempt:
             duration_s=round(finished - self.started, 6)))
         self.ctx.ledger.append(AttemptFinished(
             node=self.node_id, attempt=self.number, outcome=outcome, exit_code=exit_code,
-            error=clean, fingerprint=fp, duration_s=round(finished - self.started, 6)))
+            error=clean, fingerprint=fp, duration_s=round(finished - self.started, 6)),
+            sync=False)  # the next event, synced before anything acts on this one, covers it
         self.o.history[-1] = self.o.history[-1].model_copy(update={
             "outcome": outcome, "exit_code": exit_code, "error": clean, "fingerprint": fp,
             "duration_s": round(finished - self.started, 6)})

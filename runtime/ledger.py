@@ -118,8 +118,14 @@ class Ledger:
         self._after_append = after_append
         self._clock = clock
 
-    def append(self, event: Event) -> Event:
-        """Assign ``seq``, write the line, fsync it; return the event as written."""
+    def append(self, event: Event, *, sync: bool = True) -> Event:
+        """Assign ``seq``, write the line, fsync it; return the event as written.
+
+        ``sync=False`` leaves the fsync to the next synced append. Only for an event the
+        runtime never acts on by itself: ``attempt.finished`` is always followed by a
+        synced ``attempt.started``, ``node.succeeded`` or ``node.failed`` before anything
+        happens because of it, and if a crash loses it the attempt folds as ``lost``.
+        """
         with self._lock:
             stamped = event.model_copy(update={"seq": self._next_seq, "ts": self._clock()})
             self._next_seq += 1
@@ -127,16 +133,22 @@ class Ledger:
             self.events.append(stamped)
             self._written += 1
             mine = self._written
+        if not sync:
+            return self._notify(stamped)
         with self._sync_lock:
             if self._synced < mine:  # another appender's fsync may already cover us
                 target = self._written
                 os.fsync(self._fd)
                 self._synced = target
+        return self._notify(stamped)
+
+    def _notify(self, stamped: Event) -> Event:
         if self._after_append is not None:
             self._after_append(stamped)
         return stamped
 
     def close(self) -> None:
+        os.fsync(self._fd)  # whatever an unsynced append left, before the run reports
         os.close(self._fd)
 
 
@@ -198,6 +210,22 @@ class AttemptRecord(BaseModel):
     duration_s: float | None = None
 
 
+def charged_attempts(attempts: Iterable[AttemptRecord]) -> int:
+    """Finished attempts that count against ``max_attempts``."""
+    return sum(1 for a in attempts if a.outcome is not None
+               and (a.outcome == "succeeded" or FailureClass(a.outcome).is_charged()))
+
+
+def consecutive_lost(attempts: Iterable[AttemptRecord]) -> int:
+    """How many of the latest finished attempts were lost, in a row."""
+    count = 0
+    for a in reversed([a for a in attempts if a.outcome is not None]):
+        if a.outcome != FailureClass.LOST:
+            break
+        count += 1
+    return count
+
+
 class NodeState(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -210,18 +238,11 @@ class NodeState(BaseModel):
     @property
     def charged(self) -> int:
         """Attempts that count against ``max_attempts`` (lost and cancelled do not)."""
-        return sum(1 for a in self.attempts
-                   if a.outcome is not None and (a.outcome == "succeeded"
-                                                 or FailureClass(a.outcome).is_charged()))
+        return charged_attempts(self.attempts)
 
     @property
     def consecutive_lost(self) -> int:
-        count = 0
-        for a in reversed([a for a in self.attempts if a.outcome is not None]):
-            if a.outcome != FailureClass.LOST:
-                break
-            count += 1
-        return count
+        return consecutive_lost(self.attempts)
 
     @property
     def last_failure(self) -> AttemptRecord | None:

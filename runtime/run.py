@@ -96,8 +96,12 @@ def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes) 
     fd = os.open(staged.plan_json, os.O_WRONLY | os.O_CREAT | os.O_EXCL, READ_ONLY)
     with os.fdopen(fd, "wb") as fh:
         fh.write(raw)
+    (tmp / "nodes").mkdir()
     for nid, node in manifest.nodes.items():
-        staged.workspace(nid).mkdir(parents=True)
+        # Explicit mkdirs, no parents=True probing: metadata operations are the cost.
+        staged.node_dir(nid).mkdir()
+        staged.workspace(nid).mkdir()
+        (staged.node_dir(nid) / "attempts").mkdir()
         dst = staged.prompt_rendered(nid)
         shutil.copyfile(plan_dir / PROMPTS_DIR / f"{node.prompt_digest}.md", dst)
         os.chmod(dst, READ_ONLY)

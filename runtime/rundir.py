@@ -54,9 +54,15 @@ class RunLayout:
     def reset_workspace(self, node: str) -> Path:
         """Empty the workspace: a retry must not resume the broken state it left."""
         ws = self.workspace(node)
-        if ws.exists():
+        try:
+            with os.scandir(ws) as entries:
+                empty = next(entries, None) is None
+        except FileNotFoundError:
+            ws.mkdir(parents=True)
+            return ws
+        if not empty:  # creating directories is slow on some file systems: skip if clean
             shutil.rmtree(ws, onerror=_make_writable_and_retry)
-        ws.mkdir(parents=True)
+            ws.mkdir()
         return ws
 
     def place_inputs(self, node: str, upstream: dict[str, list[str]]) -> list[str]:
@@ -90,7 +96,7 @@ def _make_writable_and_retry(func: object, path: str, exc_info: object) -> None:
 
 
 def write_read_only(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Create ``path`` (its directory must exist) with mode 0444; never overwrite."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, READ_ONLY)
     try:
         os.write(fd, data)

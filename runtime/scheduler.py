@@ -9,6 +9,7 @@ leaves the run resumable.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -36,10 +37,23 @@ class Scheduler:
         self.status = {n: s.status for n, s in state.nodes.items()}
         self.history = dict(state.nodes)
         self._state_written = 0.0
+        rank = {n: i for i, n in enumerate(self.order)}
+        # Readiness by counting unfinished upstreams: O(edges) over the run, not O(n) a tick.
+        self.waiting_on = {n: sum(1 for u in self.graph.pred[n]
+                                  if self.status[u] is not NodeStatus.SUCCEEDED)
+                           for n in self.order}
+        self.ready = sorted((n for n in self.order if self.waiting_on[n] == 0
+                             and self.status[n] is NodeStatus.PENDING), key=rank.__getitem__)
+        self._rank = rank
 
     def _ready(self) -> list[str]:
-        return [n for n in self.order if self.status[n] is NodeStatus.PENDING
-                and all(self.status[u] is NodeStatus.SUCCEEDED for u in self.graph.pred[n])]
+        return [n for n in self.ready if self.status[n] is NodeStatus.PENDING]
+
+    def _release(self, done: str) -> None:
+        for child in self.graph.succ[done]:
+            self.waiting_on[child] -= 1
+            if self.waiting_on[child] == 0 and self.status[child] is NodeStatus.PENDING:
+                bisect.insort(self.ready, child, key=self._rank.__getitem__)
 
     def _skip_descendants(self, failed: str) -> None:
         below = nx.descendants(self.graph, failed)
@@ -64,6 +78,7 @@ class Scheduler:
                     for nid in self._ready():
                         if len(running) >= self.ctx.settings.jobs:
                             break
+                        self.ready.remove(nid)
                         self.status[nid] = NodeStatus.RUNNING
                         executor = NodeExecutor(self.ctx, nid, self.history[nid])
                         running[pool.submit(executor.run)] = nid
@@ -84,10 +99,13 @@ class Scheduler:
         self.status[nid] = outcome.status
         if outcome.status is NodeStatus.SUCCEEDED:
             self.ctx.ledger.append(NodeSucceeded(node=nid, attempts=outcome.attempts))
+            self._release(nid)
         elif outcome.status is NodeStatus.FAILED:
             self.ctx.ledger.append(NodeFailed(node=nid, failure=outcome.failure,
                                               reason=outcome.reason))
             self._skip_descendants(nid)
+        else:  # cancelled: back to pending, resumable
+            bisect.insort(self.ready, nid, key=self._rank.__getitem__)
 
     def _finish(self) -> RunStatus:
         if self.ctx.cancel.is_set() and any(not s.is_terminal() for s in self.status.values()):

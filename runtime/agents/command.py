@@ -17,14 +17,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Mapping
-from typing import IO
 
-from ..capture import pump
 from ..profiles import CommandProfile
 from . import AgentExit, Invocation
 
@@ -65,16 +63,8 @@ class CommandAgent:
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             return AgentExit(launch_error=f"{self.profile.argv[0]}: {exc.strerror or exc}")
-        threads = [threading.Thread(target=pump, args=(proc.stdout, inv.stdout), daemon=True),
-                   threading.Thread(target=pump, args=(proc.stderr, inv.stderr), daemon=True)]
-        if proc.stdin is not None:
-            threads.append(threading.Thread(target=_feed, args=(proc.stdin, inv.prompt),
-                                            daemon=True))
-        for t in threads:
-            t.start()
-        code, timed_out, cancelled = _wait(proc, inv)
-        for t in threads:
-            t.join(timeout=KILL_GRACE_S)
+        stdin_data = inv.prompt.encode() if proc.stdin is not None else None
+        code, timed_out, cancelled = _Supervisor(proc, inv, stdin_data).run()
         if timed_out or cancelled:
             return AgentExit(exit_code=code, timed_out=timed_out, cancelled=cancelled)
         return AgentExit(exit_code=code, reported_error=self._reported(inv) if code == 0
@@ -108,28 +98,100 @@ def _json_result_error(stdout: bytes) -> str | None:
     return None
 
 
-def _feed(stdin: IO[bytes], prompt: str) -> None:
-    try:
-        stdin.write(prompt.encode())
-    except (BrokenPipeError, OSError):
-        pass  # the agent does not read its prompt from stdin; that is its choice
-    finally:
-        with contextlib.suppress(OSError):
-            stdin.close()
+class _Supervisor:
+    """One thread per attempt does all of the child's I/O: a selector over stdout,
+    stderr, stdin and a pidfd. No pump threads, so no GIL hand-offs between them, and
+    the exit is seen the moment it happens (``Popen.wait(timeout)`` polls with sleeps
+    that grow to 50 ms, more than a short agent's whole run)."""
 
-
-def _wait(proc: subprocess.Popen[bytes], inv: Invocation) -> tuple[int | None, bool, bool]:
-    deadline = time.monotonic() + inv.timeout_s
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return _kill_group(proc), True, False
-        if inv.cancel.is_set():
-            return _kill_group(proc), False, True
+    def __init__(self, proc: subprocess.Popen[bytes], inv: Invocation,
+                 stdin_data: bytes | None) -> None:
+        self.proc, self.inv = proc, inv
+        self.sel = selectors.DefaultSelector()
+        self.reading = 0
+        for stream, sink in ((proc.stdout, inv.stdout), (proc.stderr, inv.stderr)):
+            if stream is not None:
+                os.set_blocking(stream.fileno(), False)
+                self.sel.register(stream, selectors.EVENT_READ, sink)
+                self.reading += 1
+        self.pending = memoryview(stdin_data or b"")
+        if proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), False)
+            self.sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
         try:
-            return proc.wait(timeout=min(POLL_S, remaining)), False, False
-        except subprocess.TimeoutExpired:
-            continue
+            self.pidfd = os.pidfd_open(proc.pid)
+            self.sel.register(self.pidfd, selectors.EVENT_READ, "exit")
+        except (AttributeError, OSError):
+            self.pidfd = -1
+        self.code: int | None = None
+
+    def run(self) -> tuple[int | None, bool, bool]:
+        deadline = time.monotonic() + self.inv.timeout_s
+        timed_out = cancelled = False
+        drain_until: float | None = None
+        try:
+            while self.reading or self.code is None:
+                now = time.monotonic()
+                if self.code is None and now >= deadline:
+                    timed_out, self.code = True, _kill_group(self.proc)
+                elif self.code is None and self.inv.cancel.is_set():
+                    cancelled, self.code = True, _kill_group(self.proc)
+                if self.code is not None:
+                    drain_until = drain_until or now + KILL_GRACE_S
+                    if now >= drain_until:
+                        break  # something outside the group holds the pipes open
+                wait = POLL_S if self.pidfd >= 0 or self.code is not None else 0.005
+                for key, _ in self.sel.select(timeout=min(wait, max(deadline - now, 0.001))):
+                    self._handle(key)
+                if self.pidfd < 0 and self.code is None:
+                    self._reap(self.proc.poll())
+        finally:
+            self._close()
+        return self.code, timed_out, cancelled
+
+    def _handle(self, key: selectors.SelectorKey) -> None:
+        if key.data == "exit":
+            self.sel.unregister(key.fileobj)
+            self._reap(self.proc.wait())
+        elif key.data == "stdin":
+            try:
+                sent = os.write(key.fd, self.pending[:65536])
+                self.pending = self.pending[sent:]
+            except BlockingIOError:
+                return
+            except OSError:
+                self.pending = memoryview(b"")  # the agent does not read stdin: its choice
+            if not self.pending:
+                self.sel.unregister(key.fileobj)
+                with contextlib.suppress(OSError):
+                    key.fileobj.close()  # type: ignore[union-attr]
+        else:
+            try:
+                data = os.read(key.fd, 65536)
+            except BlockingIOError:
+                return
+            if data:
+                key.data.write(data)
+            else:
+                self.sel.unregister(key.fileobj)
+                self.reading -= 1
+
+    def _reap(self, code: int | None) -> None:
+        if code is None:
+            return
+        self.code = code
+        # The leader is gone; nothing it started may outlive the attempt.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def _close(self) -> None:
+        self.sel.close()
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                with contextlib.suppress(OSError):
+                    stream.close()
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> int | None:
