@@ -202,10 +202,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     target: Path = args.target
     if target.is_dir() and (target / PROMPTS_DIR).is_dir():
-        plan_dir = target
+        plan_dir, verified = target, False
     elif target.is_file():
-        plan_dir = write_plan(plan_topology(target, args.prompts, parse_vars(args.var)),
-                              args.artifacts)
+        # write_plan verifies a plan directory it reuses, and writes a new one itself.
+        plan_dir, verified = write_plan(plan_topology(target, args.prompts,
+                                                      parse_vars(args.var)), args.artifacts), True
     else:
         raise UsageError(f"{target}: not a topology file or plan directory")
     if args.jobs < 1:
@@ -219,7 +220,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         operator_prompt=_read_text(args.operator_prompt) if args.operator_prompt else None)
     cancel = _cancel_on_sigterm()
     result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
-                       redactor=_redactor(args.redact), hooks=_hooks(cancel))
+                       redactor=_redactor(args.redact), hooks=_hooks(cancel),
+                       verified=verified)
     return _report_run(args, result)
 
 

@@ -8,6 +8,7 @@ agent prints or writes can raise them.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -70,6 +71,14 @@ class RunContext:
     cancel: threading.Event = field(default_factory=threading.Event)
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.time
+
+    def profile_digest(self, name: str) -> str:
+        return self._profile_digests[name]
+
+    @functools.cached_property
+    def _profile_digests(self) -> dict[str, str]:
+        return {name: blake3_hex(canonical_json(p.model_dump(mode="json")))
+                for name, p in self.manifest.agents.items()}
 
 
 @dataclass(frozen=True)
@@ -313,12 +322,11 @@ class _Attempt:
         return self._invoke(prompt)
 
     def _context(self, **outcome: object) -> AttemptContext:
-        profile = self.ctx.manifest.agents[self.profile_name]
         return AttemptContext(
             run_id=self.ctx.run_id, node=self.node_id, attempt=self.number,
             max_attempts=self.policy.ceiling, trigger=self.trigger,  # type: ignore[arg-type]
             prior_attempt=self.prior_attempt, profile=self.profile_name,
-            profile_digest=blake3_hex(canonical_json(profile.model_dump(mode="json"))),
+            profile_digest=self.ctx.profile_digest(self.profile_name),
             plan_prompt_digest=self.node.prompt_digest, prompt_digest=self._prompt_digest,
             preamble_digest=self._preamble_digest, prior_failures=self._prior,
             started_at=self.started, **outcome)  # type: ignore[arg-type]

@@ -69,8 +69,10 @@ def check_settings(manifest: Manifest, settings: RunSettings) -> None:
 
 def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
               run_id: str | None = None, redactor: Redactor | None = None,
-              hooks: Hooks | None = None) -> RunResult:
-    problems = verify_plan_dir(plan_dir)
+              hooks: Hooks | None = None, verified: bool = False) -> RunResult:
+    """Run a plan directory. ``verified``: the caller has just written or verified it
+    (``runtime run TOPOLOGY``); each attempt still checks its prompt's digest."""
+    problems = [] if verified else verify_plan_dir(plan_dir)
     if problems:
         raise PlanIntegrityError(plan_dir, problems)
     manifest, raw = read_manifest(plan_dir)

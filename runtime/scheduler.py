@@ -23,7 +23,7 @@ from .ledger import write_state as _write_state
 
 log = logging.getLogger(__name__)
 
-STATE_INTERVAL_S = 1.0
+STATE_INTERVAL_S = 2.0  # state.json is a derived view; folding costs O(events)
 
 
 class Scheduler:
