@@ -79,6 +79,22 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, plans=False)
     p.set_defaults(handler=cmd_resume)
 
+    p = sub.add_parser("batch", help="plan and run many topologies, with one summary")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                   help="topology files, or directories of *.yaml")
+    p.add_argument("--jobs", type=int, default=2, metavar="N", help="topologies at once")
+    p.add_argument("--node-jobs", type=int, default=1, metavar="M",
+                   help="parallel nodes within each topology")
+    p.add_argument("--agent", metavar="PROFILE", help="run every node on this profile")
+    p.add_argument("--batch-id", help="name the batch; the same id again resumes it")
+    p.add_argument("--set", action="append", default=[], dest="sets",
+                   metavar="NODE.FIELD=VALUE", help="retry overrides, as for `run`")
+    p.add_argument("--no-progress", action="store_true", help="no live display")
+    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
+                   help="a literal to redact from error text (repeatable)")
+    _common(p, plans=False)
+    p.set_defaults(handler=cmd_batch)
+
     p = sub.add_parser("show", help="per-node status, attempts, failures of a run")
     p.add_argument("run", metavar="RUN", help="run directory, or run id under --artifacts")
     _common(p, plans=False)
@@ -225,6 +241,48 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _report_run(args, result)
 
 
+def cmd_batch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .batch import BatchOptions, expand, run_batch
+    from .progress import LiveProgress, summary_table
+    from .report import render_batch_report, render_run_report
+
+    if args.jobs < 1 or args.node_jobs < 1:
+        raise UsageError("--jobs and --node-jobs must be at least 1")
+    topologies = expand(args.paths)
+    options = BatchOptions(prompts=args.prompts, artifacts=args.artifacts, jobs=args.jobs,
+                           node_jobs=args.node_jobs, agent=args.agent, sets=tuple(args.sets),
+                           batch_id=args.batch_id, redactor=_redactor(args.redact))
+    console = Console(stderr=True)
+    live = not args.no_progress and not args.json and console.is_terminal
+
+    def with_report(entry: Any) -> Any:
+        if entry.run_dir is None:
+            return entry
+        return entry.model_copy(update={"report": str(render_run_report(Path(entry.run_dir)))})
+
+    cancel = _cancel_on_sigterm()
+    if live:
+        with LiveProgress(console, len(topologies)) as progress:
+            summary = run_batch(topologies, options, progress, cancel, with_report)
+    else:
+        summary = run_batch(topologies, options, None, cancel, with_report)
+    batch_dir = args.artifacts / "batches" / summary.batch_id
+    report = render_batch_report(summary, batch_dir)
+    if args.json:
+        sys.stdout.write(summary.model_dump_json() + "\n")
+    else:
+        Console().print(summary_table(summary))
+        for e in summary.entries:
+            if e.error:
+                sys.stdout.write(f"{e.source}: {e.error}\n")
+        sys.stdout.write(f"summary: {batch_dir / 'summary.json'}\nreport: {report}\n")
+    if summary.status == "succeeded":
+        return EXIT_OK
+    return 130 if summary.status == "cancelled" else EXIT_FAILED
+
+
 def cmd_resume(args: argparse.Namespace) -> int:
     from .run import resolve_run_dir, resume_run
 
@@ -277,14 +335,17 @@ def _hooks(cancel: Any) -> Any:
 
 
 def _report_run(args: argparse.Namespace, result: Any) -> int:
+    from .report import render_run_report
+
+    report = render_run_report(result.run_dir)
     state = result.state
     nodes = {nid: {"status": ns.status.value, "attempts": len(ns.attempts),
                    "failure": ns.failure.value if ns.failure else None,
                    "reason": ns.reason, "failed_ancestor": ns.failed_ancestor}
              for nid, ns in state.nodes.items()}
     obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),
-           "status": result.status.value, "nodes": nodes}
-    _emit(args, obj, _describe(state, result.run_dir, verbose=False))
+           "status": result.status.value, "nodes": nodes, "report": str(report)}
+    _emit(args, obj, _describe(state, result.run_dir, verbose=False) + f"report: {report}\n")
     if result.status == "succeeded":
         return EXIT_OK
     return 130 if result.status == "cancelled" else EXIT_FAILED

@@ -1,0 +1,225 @@
+"""Batches: many topologies planned and run with bounded concurrency and one summary.
+
+Each topology gets the run id ``<batch-id>-<topology-name>``, so running the same batch
+id again resumes what is unfinished and leaves finished runs alone. One topology that
+fails to plan or run never stops the others: it is recorded as ``invalid`` or
+``failed`` in ``artifacts/batches/<id>/summary.json``, which is rewritten atomically as
+runs finish.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import DagRuntimeError, UsageError
+from .failures import NodeStatus, RunStatus
+from .ledger import Event, RunState
+from .overrides import parse_sets
+from .plan import plan_topology, write_plan
+from .records import AttemptContext, RunSettings
+from .redact import Redactor
+from .run import Hooks, RunResult, resume_run, start_run
+from .rundir import check_run_id
+
+EntryStatus = Literal["succeeded", "failed", "cancelled", "invalid"]
+
+
+class NodeSummary(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: NodeStatus
+    attempts: int
+    failure: str | None = None
+    succeeded_after_feedback: bool = False
+
+
+class BatchEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    source: str
+    topology: str | None = None
+    plan_digest: str | None = None
+    run_id: str | None = None
+    run_dir: str | None = None
+    status: EntryStatus
+    error: str | None = None
+    nodes: dict[str, NodeSummary] = Field(default_factory=dict)
+    retries_after_feedback: list[str] = Field(
+        default_factory=list, description="Nodes that succeeded on an attempt that received "
+        "the retry preamble.")
+    report: str | None = None
+
+
+class BatchSummary(BaseModel):
+    """``artifacts/batches/<id>/summary.json``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = 1
+    batch_id: str
+    status: Literal["succeeded", "failed", "cancelled"]
+    entries: list[BatchEntry]
+    report: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    prompts: Path
+    artifacts: Path
+    jobs: int = 2
+    node_jobs: int = 1
+    agent: str | None = None
+    sets: tuple[str, ...] = ()
+    batch_id: str | None = None
+    redactor: Redactor = field(default_factory=Redactor)
+
+
+class Progress:
+    """What the batch reports while it runs; the CLI plugs a rich display in here."""
+
+    def started(self, source: str, name: str, nodes: int) -> None: ...
+    def event(self, source: str, event: Event) -> None: ...
+    def finished(self, entry: BatchEntry) -> None: ...
+
+
+def expand(paths: Sequence[Path]) -> list[Path]:
+    """Directories mean their ``*.yaml`` (sorted); files are taken as given."""
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            out += sorted(path.glob("*.yaml"))
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise UsageError(f"{path}: no such topology file or directory")
+    if not out:
+        raise UsageError(f"no topologies found in {', '.join(map(str, paths))}")
+    return out
+
+
+def default_batch_id() -> str:
+    return f"batch-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
+
+
+def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress | None = None,
+              cancel: threading.Event | None = None,
+              on_entry: Callable[[BatchEntry], BatchEntry] | None = None) -> BatchSummary:
+    """Plan and run every topology; return (and write) the summary."""
+    topologies = expand(paths)
+    batch_id = check_run_id(options.batch_id or default_batch_id())
+    batch_dir = options.artifacts / "batches" / batch_id
+    batch_dir.mkdir(parents=True, exist_ok=True)
+    progress = progress or Progress()
+    cancel = cancel or threading.Event()
+    entries: dict[str, BatchEntry] = {}
+    lock = threading.Lock()
+
+    def one(path: Path) -> BatchEntry:
+        entry = _run_one(path, batch_id, options, progress, cancel)
+        if on_entry is not None:
+            entry = on_entry(entry)
+        with lock:
+            entries[str(path)] = entry
+            _write_summary(batch_dir, batch_id, topologies, entries, cancel)
+        progress.finished(entry)
+        return entry
+
+    with ThreadPoolExecutor(max_workers=options.jobs, thread_name_prefix="topology") as pool:
+        futures = [pool.submit(one, path) for path in topologies]
+        try:
+            for fut in as_completed(futures):
+                fut.result()
+        except KeyboardInterrupt:
+            cancel.set()
+            for fut in futures:
+                fut.result()
+    return _write_summary(batch_dir, batch_id, topologies, entries, cancel)
+
+
+def _run_one(path: Path, batch_id: str, options: BatchOptions, progress: Progress,
+             cancel: threading.Event) -> BatchEntry:
+    try:
+        plan = plan_topology(path, options.prompts)
+    except DagRuntimeError as exc:
+        return BatchEntry(source=str(path), status="invalid", error=str(exc))
+    manifest = plan.manifest
+    name = manifest.topology.name
+    run_id = f"{batch_id}-{name}"
+    run_dir = options.artifacts / "runs" / run_id
+    progress.started(str(path), name, len(manifest.nodes))
+    hooks = Hooks(cancel=cancel, after_append=lambda ev: progress.event(str(path), ev))
+    try:
+        if (run_dir / "ledger.jsonl").exists():
+            result = resume_run(run_dir, redactor=options.redactor, hooks=hooks)
+        else:
+            plan_dir = write_plan(plan, options.artifacts)
+            settings = RunSettings(agent=options.agent, jobs=options.node_jobs,
+                                   overrides=_sets_for(options.sets, manifest))
+            result = start_run(plan_dir, options.artifacts, settings, run_id=run_id,
+                               redactor=options.redactor, hooks=hooks, verified=True)
+    except DagRuntimeError as exc:
+        return BatchEntry(source=str(path), topology=name, plan_digest=plan.digest,
+                          run_id=run_id, status="invalid", error=str(exc))
+    return entry_of(path, result)
+
+
+def _sets_for(sets: Sequence[str], manifest: Any) -> dict[str, dict[str, Any]]:
+    """``--set`` items for nodes this topology has (others belong to other topologies)."""
+    mine = [s for s in sets if s.partition("=")[0].rpartition(".")[0] in (*manifest.nodes, "*")]
+    return parse_sets(mine, manifest)
+
+
+def entry_of(path: Path, result: RunResult) -> BatchEntry:
+    state: RunState = result.state
+    nodes, after_feedback = {}, []
+    for nid, ns in state.nodes.items():
+        fed = _succeeded_after_feedback(result.run_dir, nid, ns)
+        if fed:
+            after_feedback.append(nid)
+        nodes[nid] = NodeSummary(status=ns.status, attempts=len(ns.attempts),
+                                 failure=ns.failure.value if ns.failure else None,
+                                 succeeded_after_feedback=fed)
+    status: EntryStatus = {RunStatus.SUCCEEDED: "succeeded", RunStatus.CANCELLED: "cancelled"
+                           }.get(result.status, "failed")  # type: ignore[assignment]
+    return BatchEntry(source=str(path), topology=state.topology, plan_digest=state.plan_digest,
+                      run_id=result.run_id, run_dir=str(result.run_dir), status=status,
+                      nodes=nodes, retries_after_feedback=after_feedback)
+
+
+def _succeeded_after_feedback(run_dir: Path, nid: str, ns: Any) -> bool:
+    if ns.status is not NodeStatus.SUCCEEDED or not ns.attempts:
+        return False
+    last = ns.attempts[-1]
+    path = run_dir / "nodes" / nid / "attempts" / str(last.attempt) / "attempt.json"
+    try:
+        ctx = AttemptContext.model_validate_json(path.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return ctx.preamble_digest is not None
+
+
+def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
+                   entries: dict[str, BatchEntry], cancel: threading.Event) -> BatchSummary:
+    ordered = [entries[str(p)] for p in topologies if str(p) in entries]
+    if cancel.is_set() or any(e.status == "cancelled" for e in ordered):
+        status: Literal["succeeded", "failed", "cancelled"] = "cancelled"
+    elif len(ordered) == len(topologies) and all(e.status == "succeeded" for e in ordered):
+        status = "succeeded"
+    else:
+        status = "failed"
+    summary = BatchSummary(batch_id=batch_id, status=status, entries=ordered,
+                           report=str(batch_dir / "report.html"))
+    tmp = batch_dir / f".summary.json.{os.getpid()}.tmp"
+    tmp.write_text(summary.model_dump_json(indent=2) + "\n")
+    os.replace(tmp, batch_dir / "summary.json")
+    return summary

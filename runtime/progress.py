@@ -1,0 +1,85 @@
+"""Live batch progress on the terminal (rich): overall and per topology, with attempts
+and retries visible. Only the CLI uses it; the batch itself reports through
+``batch.Progress``."""
+
+from __future__ import annotations
+
+import threading
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    SpinnerColumn,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.progress import Progress as RichBar
+from rich.table import Table
+
+from .batch import BatchEntry, BatchSummary, Progress
+from .ledger import AttemptStarted, Event, NodeFailed, NodeSkipped, NodeSucceeded
+
+
+class LiveProgress(Progress):
+    def __init__(self, console: Console, total: int) -> None:
+        self.bar = RichBar(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                           MofNCompleteColumn(), TimeElapsedColumn(), console=console)
+        self.overall = self.bar.add_task("[bold]batch", total=total)
+        self.tasks: dict[str, TaskID] = {}
+        self.names: dict[str, str] = {}
+        self.counts: dict[str, list[int]] = {}  # attempts, retries
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> LiveProgress:
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.bar.__exit__(None, None, None)
+
+    def _label(self, source: str, suffix: str = "") -> str:
+        attempts, retries = self.counts[source]
+        return (f"{self.names[source]:<22} attempts {attempts:>3}  retries {retries:>2}"
+                f"{suffix}")
+
+    def started(self, source: str, name: str, nodes: int) -> None:
+        with self.lock:
+            self.names[source], self.counts[source] = name, [0, 0]
+            self.tasks[source] = self.bar.add_task(self._label(source), total=nodes)
+
+    def event(self, source: str, event: Event) -> None:
+        with self.lock:
+            if source not in self.tasks:
+                return
+            if isinstance(event, AttemptStarted):
+                self.counts[source][0] += 1
+                self.counts[source][1] += event.trigger == "retry"
+                self.bar.update(self.tasks[source], description=self._label(source))
+            elif isinstance(event, NodeSucceeded | NodeFailed | NodeSkipped):
+                self.bar.advance(self.tasks[source])
+
+    def finished(self, entry: BatchEntry) -> None:
+        with self.lock:
+            task = self.tasks.get(entry.source)
+            if task is not None:
+                done = sum(1 for n in entry.nodes.values() if n.status.is_terminal())
+                self.bar.update(task, completed=done,
+                                description=self._label(entry.source, f"  {entry.status}"))
+            self.bar.advance(self.overall)
+
+
+def summary_table(summary: BatchSummary) -> Table:
+    table = Table(title=f"batch {summary.batch_id}: {summary.status}")
+    for col in ("topology", "status", "succeeded", "failed", "skipped", "attempts",
+                "succeeded after feedback"):
+        table.add_column(col)
+    style = {"succeeded": "green", "failed": "red", "invalid": "red", "cancelled": "yellow"}
+    for e in summary.entries:
+        by = [sum(1 for n in e.nodes.values() if n.status.value == s)
+              for s in ("succeeded", "failed", "skipped")]
+        table.add_row(e.topology or e.source, f"[{style[e.status]}]{e.status}",
+                      *map(str, by), str(sum(n.attempts for n in e.nodes.values())),
+                      ", ".join(e.retries_after_feedback) or "-")
+    return table

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from runtime.batch import BatchOptions, BatchSummary, run_batch
+from runtime.cli import main
+from runtime.redact import Redactor
+from tests.conftest import Project, make_topology
+
+
+def _write(project: Project, name: str, topo: dict[str, object]) -> Path:
+    path = project.root / "topologies" / f"{name}.yaml"
+    path.parent.mkdir(exist_ok=True)
+    import yaml
+
+    path.write_text(yaml.safe_dump(topo, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def batch_project(project: Project) -> Project:
+    good = make_topology({"a": [], "b": ["a"]}, name="good", b={"retry_feedback": True})
+    good["agents"]["sim"] = {"kind": "simulated", "mistakes": {
+        "b": {"kind": "wrong_name", "unless_feedback": True}}}
+    bad = make_topology({"x": []}, name="bad", x={"max_attempts": 1})
+    bad["agents"]["sim"] = {"kind": "simulated", "mistakes": {"x": {"kind": "exit_nonzero"}}}
+    _write(project, "good", good)
+    _write(project, "bad", bad)
+    (project.root / "topologies" / "broken.yaml").write_text("schema_version: 1\nname: b\n")
+    return project
+
+
+def _options(project: Project, **kw: object) -> BatchOptions:
+    return BatchOptions(prompts=project.prompts, artifacts=project.artifacts,
+                        redactor=Redactor(), **kw)  # type: ignore[arg-type]
+
+
+def test_one_failure_never_stops_the_others(batch_project: Project) -> None:
+    summary = run_batch([batch_project.root / "topologies"], _options(batch_project,
+                                                                      batch_id="b1"))
+    by = {e.topology or Path(e.source).stem: e for e in summary.entries}
+    assert summary.status == "failed"
+    assert by["good"].status == "succeeded" and by["good"].retries_after_feedback == ["b"]
+    assert by["good"].nodes["b"].attempts == 2 and by["good"].nodes["b"].succeeded_after_feedback
+    assert by["bad"].status == "failed" and by["bad"].nodes["x"].failure == "agent_exit"
+    assert by["broken"].status == "invalid" and "nodes" in (by["broken"].error or "")
+    on_disk = BatchSummary.model_validate_json(
+        (batch_project.artifacts / "batches" / "b1" / "summary.json").read_bytes())
+    assert on_disk == summary
+
+
+def test_same_batch_id_resumes_and_keeps_finished_runs(batch_project: Project) -> None:
+    first = run_batch([batch_project.root / "topologies"], _options(batch_project,
+                                                                    batch_id="b2"))
+    ledger = batch_project.artifacts / "runs" / "b2-good" / "ledger.jsonl"
+    before = ledger.read_bytes()
+    second = run_batch([batch_project.root / "topologies"], _options(batch_project,
+                                                                     batch_id="b2"))
+    assert ledger.read_bytes() == before  # a finished run is not run again
+    assert [e.status for e in second.entries] == [e.status for e in first.entries]
+
+
+def test_batch_cli_json_and_reports(batch_project: Project,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(batch_project.cli("batch", str(batch_project.root / "topologies"), "--json",
+                                  "--batch-id", "b3", "--jobs", "2", "--node-jobs", "2"))
+    out = json.loads(capsys.readouterr().out)
+    assert code == 1 and out["batch_id"] == "b3"
+    assert Path(out["report"]).is_file()
+    for entry in out["entries"]:
+        if entry["run_dir"]:
+            assert Path(entry["report"]).is_file()
+
+
+def test_batch_cli_human_output_ends_with_the_report(
+        batch_project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    topo = batch_project.root / "topologies"
+    (topo / "bad.yaml").unlink()
+    (topo / "broken.yaml").unlink()
+    code = main(batch_project.cli("batch", str(topo), "--batch-id", "b4"))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.splitlines()[-1] == \
+        f"report: {batch_project.artifacts / 'batches' / 'b4' / 'report.html'}"
