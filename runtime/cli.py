@@ -273,7 +273,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(summary.model_dump_json() + "\n")
     else:
-        Console().print(summary_table(summary))
+        # Piped output gets a fixed width rather than rich's 80-column default.
+        Console(width=None if sys.stdout.isatty() else 120).print(summary_table(summary))
         for e in summary.entries:
             if e.error:
                 sys.stdout.write(f"{e.source}: {e.error}\n")
