@@ -9,7 +9,6 @@ runs finish.
 
 from __future__ import annotations
 
-import os
 import secrets
 import threading
 import time
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import DagRuntimeError, UsageError
 from .failures import NodeStatus, RunStatus
+from .files import replace_atomically
 from .ledger import Event, RunState
 from .overrides import parse_sets
 from .plan import plan_topology, write_plan
@@ -219,7 +219,6 @@ def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
         status = "failed"
     summary = BatchSummary(batch_id=batch_id, status=status, entries=ordered,
                            report=str(batch_dir / "report.html"))
-    tmp = batch_dir / f".summary.json.{os.getpid()}.tmp"
-    tmp.write_text(summary.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, batch_dir / "summary.json")
+    replace_atomically(batch_dir / "summary.json",
+                       (summary.model_dump_json(indent=2) + "\n").encode())
     return summary

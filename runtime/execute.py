@@ -24,6 +24,7 @@ from .contract import AcceptanceSummary, verify_artifacts
 from .digest import blake3_hex, canonical_json
 from .failures import FailureClass, NodeStatus
 from .feedback import fingerprint, render_preamble
+from .files import replace_atomically, write_read_only
 from .ledger import (
     AttemptFinished,
     AttemptRecord,
@@ -36,7 +37,7 @@ from .ledger import (
 from .plan import Manifest, PlanNode
 from .records import AttemptContext, PriorFailure, RunSettings
 from .redact import Redactor
-from .rundir import RunLayout, write_read_only
+from .rundir import RunLayout
 
 ERROR_LIMIT = 4096
 LOST_STREAK_LIMIT = 3
@@ -337,9 +338,7 @@ class _Attempt:
         if ctx.outcome is None:  # the first write creates the file: nothing to replace
             target.write_bytes(data)
             return
-        tmp = self.dir / ".attempt.json.tmp"
-        tmp.write_bytes(data)
-        tmp.replace(target)
+        replace_atomically(target, data)
 
     def _start(self, *, prompt_digest: str, preamble: str | None,
                prior: list[PriorFailure]) -> None:

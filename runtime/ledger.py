@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from .errors import LedgerError
 from .failures import FailureClass, NodeStatus, RunStatus
+from .files import replace_atomically
 
 LEDGER_SCHEMA_VERSION = 1
 STATE_SCHEMA_VERSION = 1
@@ -316,6 +317,4 @@ def fold(events: Iterable[Event], node_ids: Iterable[str]) -> RunState:
 
 def write_state(path: Path, state: RunState) -> None:
     """Replace ``state.json`` atomically (write a sibling, then rename over)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(state.model_dump_json(indent=2) + "\n")
-    os.replace(tmp, path)
+    replace_atomically(path, (state.model_dump_json(indent=2) + "\n").encode())

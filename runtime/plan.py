@@ -25,13 +25,13 @@ from .assemble import constant_digests
 from .digest import PLAN_DIR_PREFIX_LEN, blake3_hex, canonical_json
 from .errors import PlanFormatError
 from .failures import FailureClass
+from .files import write_read_only
 from .profiles import AgentProfile
 from .render import Renderer, node_context
 from .topology import ArtifactSpec, Topology
 
 MANIFEST_NAME = "plan.json"
 PROMPTS_DIR = "prompts"
-READ_ONLY = 0o444
 
 
 class _Frozen(BaseModel):
@@ -155,8 +155,8 @@ def write_plan(plan: CompiledPlan, artifacts_root: Path) -> Path:
     try:
         (tmp / PROMPTS_DIR).mkdir()
         for digest, data in plan.prompts.items():
-            _write_read_only(tmp / PROMPTS_DIR / f"{digest}.md", data)
-        _write_read_only(tmp / MANIFEST_NAME, plan.manifest_bytes)
+            write_read_only(tmp / PROMPTS_DIR / f"{digest}.md", data)
+        write_read_only(tmp / MANIFEST_NAME, plan.manifest_bytes)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -167,14 +167,6 @@ def write_plan(plan: CompiledPlan, artifacts_root: Path) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return final
-
-
-def _write_read_only(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, READ_ONLY)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
 
 
 def _reuse_existing(plan_dir: Path, digest: str) -> None:

@@ -18,6 +18,7 @@ import networkx as nx
 
 from .assemble import SECTION_SEPARATOR
 from .batch import BatchSummary
+from .files import replace_atomically
 from .ledger import NodeState, RunState
 from .plan import Manifest
 from .records import AttemptContext
@@ -172,7 +173,7 @@ def render_run_report(run_dir: Path) -> Path:
             f"<code>{_e(state.plan_digest)}</code>, attempts used {state.attempts_used}</p>"
             f"<h2>DAG</h2>{dag_svg(manifest, state)}<h2>Nodes</h2>{''.join(nodes)}")
     out = run_dir / "report.html"
-    _write(out, _page(f"Run {state.run_id}", body))
+    replace_atomically(out, _page(f"Run {state.run_id}", body).encode())
     return out
 
 
@@ -200,11 +201,5 @@ def render_batch_report(summary: BatchSummary, batch_dir: Path) -> Path:
             "<th>status</th><th>nodes</th><th>attempts</th><th>succeeded after feedback</th>"
             f"<th>plan</th><th>run</th><th>error</th></tr>{''.join(rows)}</table>")
     out = batch_dir / "report.html"
-    _write(out, _page(f"Batch {summary.batch_id}", body))
+    replace_atomically(out, _page(f"Batch {summary.batch_id}", body).encode())
     return out
-
-
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

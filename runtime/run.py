@@ -22,11 +22,12 @@ from .digest import blake3_hex
 from .errors import LedgerError, PlanIntegrityError, UsageError
 from .execute import AttemptBudget, RunContext
 from .failures import FailureClass, RunStatus
+from .files import READ_ONLY
 from .ledger import AttemptFinished, Event, Ledger, RunStarted, RunState, fold, read_events
 from .plan import MANIFEST_NAME, PROMPTS_DIR, Manifest, read_manifest
 from .records import RunSettings
 from .redact import Redactor
-from .rundir import READ_ONLY, RunLayout, check_run_id
+from .rundir import RunLayout, check_run_id
 from .scheduler import Scheduler
 from .verify import verify_plan_dir
 

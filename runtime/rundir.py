@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UsageError
+from .files import READ_ONLY
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-READ_ONLY = 0o444
 
 
 def check_run_id(run_id: str) -> str:
@@ -93,12 +93,3 @@ def _make_writable_and_retry(func: object, path: str, exc_info: object) -> None:
         shutil.rmtree(path, onerror=_make_writable_and_retry)
     else:
         os.unlink(path)
-
-
-def write_read_only(path: Path, data: bytes) -> None:
-    """Create ``path`` (its directory must exist) with mode 0444; never overwrite."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, READ_ONLY)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)

@@ -101,7 +101,8 @@ def _crash_after_attempt_started(event: Any) -> None:
         raise _Crash
 
 
-def test_lost_attempts_are_not_charged_but_three_in_a_row_fail(tmp_path: Path) -> None:
+def _crashed_single_node_run(tmp_path: Path) -> Path:
+    """A one-node run whose process 'died' right after its first attempt started."""
     from runtime.run import Hooks
 
     project = Project(tmp_path / "proj")
@@ -112,7 +113,13 @@ def test_lost_attempts_are_not_charged_but_three_in_a_row_fail(tmp_path: Path) -
     topo["defaults"] = {"agent": "write_all", "max_attempts": 1}
     with pytest.raises(_Crash):
         run_topology(project, topo, hooks=Hooks(after_append=_crash_after_attempt_started))
-    run_dir = project.artifacts / "runs" / "test-run"
+    return project.artifacts / "runs" / "test-run"
+
+
+def test_lost_attempts_are_not_charged_but_three_in_a_row_fail(tmp_path: Path) -> None:
+    from runtime.run import Hooks
+
+    run_dir = _crashed_single_node_run(tmp_path)
     for _ in range(2):
         with pytest.raises(_Crash):
             resume_run(run_dir, hooks=Hooks(after_append=_crash_after_attempt_started))
@@ -124,17 +131,7 @@ def test_lost_attempts_are_not_charged_but_three_in_a_row_fail(tmp_path: Path) -
 
 
 def test_one_lost_attempt_is_retried_without_charge(tmp_path: Path) -> None:
-    from runtime.run import Hooks
-
-    project = Project(tmp_path / "proj")
-    project.root.mkdir()
-    project.template("task.md.j2", "Task.\n")
-    topo = make_topology({"a": []})
-    topo["agents"] = python_agents("write_all")
-    topo["defaults"] = {"agent": "write_all", "max_attempts": 1}
-    with pytest.raises(_Crash):
-        run_topology(project, topo, hooks=Hooks(after_append=_crash_after_attempt_started))
-    result = resume_run(project.artifacts / "runs" / "test-run")
+    result = resume_run(_crashed_single_node_run(tmp_path))
     assert result.status is RunStatus.SUCCEEDED
     assert [a.outcome for a in result.state.nodes["a"].attempts] == [FailureClass.LOST,
                                                                      "succeeded"]
