@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from tenacity import Retrying, retry_if_result, wait_fixed, wait_none
 
@@ -416,7 +417,7 @@ class _Attempt:
             satisfied=acceptance.satisfied, unknown=acceptance.unknown,
             unsatisfied=[self.ctx.redactor.clean(u, 1024) for u in acceptance.unsatisfied])
         fp = fingerprint(failure, clean) if failure is not None else None
-        outcome = "succeeded" if failure is None else failure
+        outcome: Literal["succeeded"] | FailureClass = "succeeded" if failure is None else failure
         self._write_context(self._context(
             outcome=outcome, failure_classes=[failure] if failure else [],
             exit_code=exit_code, error=clean, acceptance=clean_acc, stdout_bytes=out_bytes,

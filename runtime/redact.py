@@ -13,6 +13,7 @@ What must survive: git SHAs, content hashes, UUIDs, paths, and placeholders such
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections import Counter
@@ -168,7 +169,7 @@ class Redactor:
             haystack = lower if kind in _FOLDED else text
             if any(anchor in haystack for anchor in _ANCHORS[kind]):
                 text = _splice(text, pattern.finditer(haystack),
-                               lambda m, t, k=kind, g=group: _replace(t, m, k, g))
+                               functools.partial(_replace_group, kind=kind, group=group))
                 lower = _ascii_lower(text)
         if any(anchor in lower for anchor in _ASSIGNMENT_ANCHORS):
             text = _splice(text, _ASSIGNMENT.finditer(lower), _replace_assignment)
@@ -205,7 +206,7 @@ def _span(text: str, m: re.Match[str], group: int) -> str:
     return text[m.start(group):m.end(group)]
 
 
-def _replace(text: str, m: re.Match[str], kind: str, group: int) -> str:
+def _replace_group(m: re.Match[str], text: str, *, kind: str, group: int) -> str:
     if group == 0:
         return f"[REDACTED:{kind}]"
     if _PLACEHOLDER.match(_span(text, m, group)):

@@ -83,10 +83,12 @@ def _child(node: yaml.Node | None, part: str | int) -> yaml.Node | None:
     if isinstance(node, yaml.MappingNode):
         for key, value in node.value:
             if isinstance(key, yaml.ScalarNode) and key.value == str(part):
-                return value
+                found: yaml.Node = value
+                return found
     if isinstance(node, yaml.SequenceNode) and isinstance(part, int) \
             and 0 <= part < len(node.value):
-        return node.value[part]
+        item: yaml.Node = node.value[part]
+        return item
     return None
 
 
