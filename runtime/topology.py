@@ -87,8 +87,8 @@ class Defaults(_Frozen):
     max_attempts: int = Field(default=2, ge=1, le=20)
     retry_feedback: bool = False
     retry_on: list[FailureClass] = Field(default_factory=lambda: list(DEFAULT_RETRY_ON))
-    timeout_s: float = Field(default=1800, gt=0, le=7 * 24 * 3600)
-    backoff_s: float = Field(default=0, ge=0, le=3600, description="Wait before a retry.")
+    timeout_s: float = Field(default=1800.0, gt=0, le=7 * 24 * 3600)
+    backoff_s: float = Field(default=0.0, ge=0, le=3600, description="Wait before a retry.")
     feedback_max_bytes: int = Field(default=PREAMBLE_DEFAULT_BYTES, ge=1024, le=PREAMBLE_MAX_BYTES)
 
 

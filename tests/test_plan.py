@@ -93,3 +93,14 @@ def test_replanning_into_an_existing_directory_reuses_it(project: Project) -> No
     first = write_plan(plan, project.artifacts)
     assert write_plan(plan, project.artifacts) == first
     assert [p.name for p in (project.artifacts / "plans").iterdir()] == [first.name]
+
+
+@pytest.mark.parametrize("topology", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_manifest_bytes_are_stable_under_reserialisation(topology: Path) -> None:
+    """plan.json is built as plain data; parsing and re-dumping it must give the same
+    canonical bytes, or a reader that re-serialises would compute another digest."""
+    from runtime.plan import Manifest
+
+    plan = plan_topology(topology, REPO / "prompts")
+    assert Manifest.model_validate_json(plan.manifest_bytes).to_bytes() == plan.manifest_bytes
+    assert plan.manifest.to_bytes() == plan.manifest_bytes
