@@ -25,7 +25,7 @@ from .failures import NodeStatus, RunStatus
 from .files import replace_atomically
 from .ledger import Event, RunState
 from .overrides import parse_sets
-from .plan import plan_topology, write_plan
+from .plan import CompiledPlan, plan_topology, write_plan
 from .records import AttemptContext, RunSettings
 from .redact import Redactor
 from .run import Hooks, RunResult, resume_run, start_run
@@ -123,9 +123,14 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
     cancel = cancel or threading.Event()
     entries: dict[str, BatchEntry] = {}
     lock = threading.Lock()
+    # Plan everything first: a bad topology is reported, and a --set naming a node that
+    # no topology has is refused, before anything runs.
+    planned = {str(path): _plan(path, options) for path in topologies}
+    overrides = _overrides(options.sets, planned)
 
     def one(path: Path) -> BatchEntry:
-        entry = _run_one(path, batch_id, options, progress, cancel)
+        entry = _run_one(path, planned[str(path)], overrides.get(str(path), {}), batch_id,
+                         options, progress, cancel)
         if on_entry is not None:
             entry = on_entry(entry)
         with lock:
@@ -146,12 +151,29 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
     return _write_summary(batch_dir, batch_id, topologies, entries, cancel)
 
 
-def _run_one(path: Path, batch_id: str, options: BatchOptions, progress: Progress,
-             cancel: threading.Event) -> BatchEntry:
+def _plan(path: Path, options: BatchOptions) -> CompiledPlan | BatchEntry:
     try:
-        plan = plan_topology(path, options.prompts)
+        return plan_topology(path, options.prompts)
     except DagRuntimeError as exc:
         return BatchEntry(source=str(path), status="invalid", error=str(exc))
+
+
+def _overrides(sets: Sequence[str], planned: dict[str, CompiledPlan | BatchEntry],
+               ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Each topology's share of ``--set``; a node no topology has is a usage error."""
+    plans = {src: p for src, p in planned.items() if isinstance(p, CompiledPlan)}
+    for item in sets:
+        node = item.partition("=")[0].rpartition(".")[0]
+        if node != "*" and not any(node in p.manifest.nodes for p in plans.values()):
+            raise UsageError(f"--set {item}: no topology in this batch has a node {node!r}")
+    return {src: _sets_for(sets, p.manifest) for src, p in plans.items()}
+
+
+def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, dict[str, Any]],
+             batch_id: str, options: BatchOptions, progress: Progress,
+             cancel: threading.Event) -> BatchEntry:
+    if isinstance(plan, BatchEntry):
+        return plan
     manifest = plan.manifest
     name = manifest.topology.name
     run_id = f"{batch_id}-{name}"
@@ -164,7 +186,7 @@ def _run_one(path: Path, batch_id: str, options: BatchOptions, progress: Progres
         else:
             plan_dir = write_plan(plan, options.artifacts)
             settings = RunSettings(agent=options.agent, jobs=options.node_jobs,
-                                   overrides=_sets_for(options.sets, manifest))
+                                   overrides=overrides)
             result = start_run(plan_dir, options.artifacts, settings, run_id=run_id,
                                redactor=options.redactor, hooks=hooks, verified=True)
     except DagRuntimeError as exc:

@@ -85,3 +85,20 @@ def test_batch_cli_human_output_ends_with_the_report(
     assert code == 0
     assert out.splitlines()[-1] == \
         f"report: {batch_project.artifacts / 'batches' / 'b4' / 'report.html'}"
+
+
+def test_batch_set_must_name_a_node_some_topology_has(
+        batch_project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(batch_project.cli("batch", str(batch_project.root / "topologies"),
+                                  "--set", "nope.max_attempts=3", "--batch-id", "b5"))
+    assert code == 2
+    assert "--set nope.max_attempts=3: no topology in this batch has a node 'nope'" in \
+        capsys.readouterr().err
+    assert not (batch_project.artifacts / "runs").exists()
+
+
+def test_batch_set_applies_to_the_topology_that_has_the_node(batch_project: Project) -> None:
+    summary = run_batch([batch_project.root / "topologies"], _options(
+        batch_project, batch_id="b6", sets=("b.retry_feedback=false",)))
+    good = next(e for e in summary.entries if e.topology == "good")
+    assert good.status == "failed" and good.nodes["b"].attempts == 2  # no feedback, no fix

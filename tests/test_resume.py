@@ -173,3 +173,38 @@ def test_sigkill_of_a_real_run_then_resume(tmp_path: Path) -> None:
     events = read_events(run_dir / "ledger.jsonl")
     lost = [e for e in events if isinstance(e, AttemptFinished) and e.outcome == "lost"]
     assert [(e.node, e.attempt) for e in lost] == [("b", 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int) -> None:
+    project = Project(tmp_path / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task for {{ node.id }}.\n")
+    topo = make_topology({"a": [], "b": ["a"]})
+    topo["agents"] = {"slow": {"kind": "command", "argv": [
+        "sh", "-c", 'sleep 1; printf "{}" > "$RUNTIME_NODE.json"']}}
+    topo["defaults"] = {"agent": "slow"}
+    project.write_topology(topo)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", *project.cli("run", str(project.topology), "--run-id",
+                                                        "int")],
+        cwd=project.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ledger = project.artifacts / "runs" / "int" / "ledger.jsonl"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if ledger.exists() and b'"attempt.started"' in ledger.read_bytes():
+            break
+        time.sleep(0.02)
+    proc.send_signal(sig)
+    assert proc.wait(timeout=30) == 130
+    events = read_events(ledger)
+    assert [(e.node, e.outcome) for e in events if isinstance(e, AttemptFinished)] == \
+        [("a", FailureClass.CANCELLED)]
+    assert events[-1].event == "run.finished" and events[-1].status == "cancelled"
+    result = resume_run(project.artifacts / "runs" / "int")
+    assert result.status is RunStatus.SUCCEEDED
+    a = result.state.nodes["a"]
+    assert [x.outcome for x in a.attempts] == [FailureClass.CANCELLED, "succeeded"]
+    _check_invariants(project.artifacts / "runs" / "int")
