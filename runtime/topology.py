@@ -179,16 +179,15 @@ def load_topology(path: Path, prompts_root: Path, overrides: dict[str, str] | No
         raise TopologyError(file, [Problem(file, 1, "", "expected a mapping with "
                                            "schema_version, name, agents, defaults, nodes")])
     problems = _graph_problems(data, loaded, file)
+    problems += _reference_problems(data, loaded, file, prompts_root)
     topo: Topology | None = None
     try:
         topo = Topology.model_validate(data)
     except ValidationError as exc:
         problems += _pydantic_problems(exc, loaded, file)
-    if topo is not None:
-        problems += _reference_problems(topo, loaded, file, prompts_root)
-        if overrides:
-            topo, var_problems = _apply_overrides(topo, overrides, file)
-            problems += var_problems
+    if topo is not None and overrides:
+        topo, var_problems = _apply_overrides(topo, overrides, file)
+        problems += var_problems
     if problems or topo is None:
         raise TopologyError(file, problems)
     return topo
@@ -279,31 +278,53 @@ def _sample(names: list[str], limit: int = 12) -> str:
     return shown + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
 
-def _reference_problems(topo: Topology, loaded: LoadedYaml, file: str, prompts_root: Path,
-                        ) -> list[Problem]:
-    """Agent names that have no profile, and templates missing or outside the root."""
+def _reference_problems(data: dict[str, Any], loaded: LoadedYaml, file: str,
+                        prompts_root: Path) -> list[Problem]:
+    """Agent names that have no profile, and templates missing or outside the root.
+
+    Checked on raw data, like the graph, so these are reported together with type
+    errors elsewhere in the file; values of the wrong type are left to pydantic.
+    """
+    agents = data.get("agents")
+    profiles = sorted({*BUILTIN_PROFILES, *(agents if isinstance(agents, dict) else {})})
+    known = _sample(profiles)
     problems: list[Problem] = []
-    profiles = topo.profiles()
-    known = _sample(sorted(profiles))
-    if topo.defaults.agent not in profiles:
+    defaults = data.get("defaults")
+    default_agent = defaults.get("agent") if isinstance(defaults, dict) else None
+    if isinstance(default_agent, str) and default_agent not in profiles:
         problems.append(Problem(file, loaded.line_of(("defaults", "agent")), "defaults.agent",
-                                f"no agent profile {topo.defaults.agent!r}; known: {known}"))
+                                f"no agent profile {default_agent!r}; known: {known}"))
+    raw_nodes = data.get("nodes")
     root = prompts_root.resolve()
     checked: dict[str, str | None] = {}
-    for i, node in enumerate(topo.nodes):
-        for field, names in (("agent", [node.agent] if node.agent else []),
-                             ("fallback", node.fallback)):
+    for i, node in enumerate(raw_nodes if isinstance(raw_nodes, list) else []):
+        if not isinstance(node, dict):
+            continue
+        fallback = node.get("fallback")
+        for field, names in (("agent", [node.get("agent")]),
+                             ("fallback", fallback if isinstance(fallback, list) else [])):
             for name in names:
-                if name not in profiles:
+                if isinstance(name, str) and name not in profiles:
                     problems.append(Problem(file, loaded.line_of(("nodes", i, field)),
                                             f"nodes[{i}].{field}",
                                             f"no agent profile {name!r}; known: {known}"))
-        if node.prompt not in checked:
-            checked[node.prompt] = _template_problem(root, node.prompt)
-        if (msg := checked[node.prompt]) is not None:
+        prompt = node.get("prompt")
+        if not isinstance(prompt, str) or not _is_relative(prompt):
+            continue  # pydantic reports it
+        if prompt not in checked:
+            checked[prompt] = _template_problem(root, prompt)
+        if (msg := checked[prompt]) is not None:
             problems.append(Problem(file, loaded.line_of(("nodes", i, "prompt")),
                                     f"nodes[{i}].prompt", msg))
     return problems
+
+
+def _is_relative(path: str) -> bool:
+    try:
+        check_relative_path(path)
+    except ValueError:
+        return False
+    return True
 
 
 def _template_problem(root: Path, rel: str) -> str | None:

@@ -105,9 +105,10 @@ def test_all_problems_reported_at_once_sorted_and_counted(project: Project) -> N
     with pytest.raises(TopologyError) as info:
         load_topology(path, project.prompts)
     err = info.value
-    # The three structural problems, plus the unknown key; the agent check needs a valid model.
-    assert len(err.problems) == 3
-    assert str(err).splitlines()[0] == f"{path}: 3 problems"
+    # An unknown key (a type error) does not hide the graph or reference problems.
+    assert sorted(p.where for p in err.problems) == [
+        "nodes[0].bogus", "nodes[1].agent", "nodes[1].needs[0]", "nodes[2].needs[0]"]
+    assert str(err).splitlines()[0] == f"{path}: 4 problems"
     lines = [p.line for p in err.problems]
     assert lines == sorted(lines)
 
