@@ -2,7 +2,6 @@
 
 from .errors import (
     DagRuntimeError,
-    DigestMismatchError,
     ExecutionError,
     InputError,
     LedgerError,
@@ -20,7 +19,6 @@ from .verify import verify_plan_dir
 __all__ = [
     "CompiledPlan",
     "DagRuntimeError",
-    "DigestMismatchError",
     "ExecutionError",
     "FailureClass",
     "InputError",

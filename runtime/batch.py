@@ -26,7 +26,7 @@ from .files import replace_atomically
 from .ledger import Event, RunState
 from .overrides import parse_sets
 from .plan import CompiledPlan, plan_topology, write_plan
-from .records import AttemptContext, RunSettings
+from .records import RunSettings, read_attempt_context
 from .redact import Redactor
 from .run import Hooks, RunResult, resume_run, start_run
 from .rundir import check_run_id
@@ -221,13 +221,8 @@ def entry_of(path: Path, result: RunResult) -> BatchEntry:
 def _succeeded_after_feedback(run_dir: Path, nid: str, ns: Any) -> bool:
     if ns.status is not NodeStatus.SUCCEEDED or not ns.attempts:
         return False
-    last = ns.attempts[-1]
-    path = run_dir / "nodes" / nid / "attempts" / str(last.attempt) / "attempt.json"
-    try:
-        ctx = AttemptContext.model_validate_json(path.read_bytes())
-    except (OSError, ValueError):
-        return False
-    return ctx.preamble_digest is not None
+    ctx = read_attempt_context(run_dir / "nodes" / nid / "attempts" / str(ns.attempts[-1].attempt))
+    return ctx is not None and ctx.preamble_digest is not None
 
 
 def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],

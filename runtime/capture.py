@@ -77,9 +77,10 @@ class BoundedCapture:
 
 
 def pump(stream: IO[bytes], sink: BoundedCapture, chunk: int = 64 * 1024) -> None:
-    """Copy ``stream`` into ``sink`` until EOF (run in a thread per stream)."""
+    """Copy ``stream`` into ``sink`` until EOF. For callers with a plain pipe; the
+    command agent multiplexes its pipes in one selector loop instead."""
     try:
-        while block := stream.read1(chunk) if hasattr(stream, "read1") else stream.read(chunk):
+        while block := stream.read(chunk):
             sink.write(block)
     except (OSError, ValueError):
         pass  # the stream was closed under us: the process is being torn down

@@ -85,13 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=2, metavar="N", help="topologies at once")
     p.add_argument("--node-jobs", type=int, default=1, metavar="M",
                    help="parallel nodes within each topology")
-    p.add_argument("--agent", metavar="PROFILE", help="run every node on this profile")
     p.add_argument("--batch-id", help="name the batch; the same id again resumes it")
-    p.add_argument("--set", action="append", default=[], dest="sets",
-                   metavar="NODE.FIELD=VALUE", help="retry overrides, as for `run`")
     p.add_argument("--no-progress", action="store_true", help="no live display")
-    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
-                   help="a literal to redact from error text (repeatable)")
+    _override_options(p)
     _common(p, plans=False)
     p.set_defaults(handler=cmd_batch)
 
@@ -106,9 +102,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run_options(p: argparse.ArgumentParser) -> None:
+def _override_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by `run` and `batch`: what runs, without touching prompt digests."""
     p.add_argument("--agent", metavar="PROFILE",
                    help="run every node on this profile (e.g. simulated); digests unchanged")
+    p.add_argument("--set", action="append", default=[], dest="sets",
+                   metavar="NODE.FIELD=VALUE",
+                   help="override max_attempts, retry_feedback or retry_on for this run "
+                   "(NODE may be '*'); prompt digests are unchanged")
+    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
+                   help="a literal to redact from error text (repeatable)")
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    _override_options(p)
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel nodes (default 1)")
     p.add_argument("--no-fallback", action="store_true",
                    help="never move a node to its fallback profiles")
@@ -116,14 +123,8 @@ def _run_options(p: argparse.ArgumentParser) -> None:
                    help="attempt budget for the whole run (default: no limit beyond nodes')")
     p.add_argument("--deadline", type=float, metavar="SECONDS",
                    help="wall-clock limit for the run, from its start")
-    p.add_argument("--set", action="append", default=[], dest="sets",
-                   metavar="NODE.FIELD=VALUE",
-                   help="override max_attempts, retry_feedback or retry_on for this run "
-                   "(NODE may be '*'); prompt digests are unchanged")
     p.add_argument("--operator-prompt", type=Path, metavar="FILE",
                    help="trusted operator text added to every attempt's prompt")
-    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
-                   help="a literal to redact from error text (repeatable)")
 
 
 def parse_vars(pairs: Sequence[str]) -> dict[str, str]:

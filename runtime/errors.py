@@ -8,7 +8,6 @@
     │   └── UsageError              a CLI argument that names nothing usable
     └── ExecutionError              a run could not go on: CLI exit status 1
         ├── PlanIntegrityError      a plan or run directory that does not verify
-        ├── DigestMismatchError     a prompt file no longer hashes to its plan digest
         └── LedgerError             a run directory whose ledger cannot be folded
 
 Errors carry their context as attributes (file, node, template, line) so callers can
@@ -107,20 +106,6 @@ class PlanIntegrityError(ExecutionError):
         self.problems = problems
         super().__init__("\n".join([f"{self.path}: the plan does not verify; refusing to run",
                                     *(f"  {p}" for p in problems)]))
-
-
-class DigestMismatchError(ExecutionError):
-    """A prompt file does not hash to the digest the plan recorded: the plan was tampered with."""
-
-    def __init__(self, path: str | Path, expected: str, actual: str, *, node: str | None = None):
-        self.path = str(path)
-        self.expected = expected
-        self.actual = actual
-        self.node = node
-        who = f"node {node}: " if node else ""
-        super().__init__(
-            f"{who}{self.path}: digest mismatch: plan says {expected}, file hashes to {actual}"
-        )
 
 
 class LedgerError(ExecutionError):

@@ -36,7 +36,7 @@ from .ledger import (
     consecutive_lost,
 )
 from .plan import Manifest, PlanNode
-from .records import AttemptContext, PriorFailure, RunSettings
+from .records import AttemptContext, PriorFailure, RunSettings, read_attempt_context
 from .redact import Redactor
 from .rundir import RunLayout
 
@@ -260,20 +260,13 @@ class NodeExecutor:
             if rec.fingerprint in seen:
                 continue
             seen.add(rec.fingerprint)
-            ctx = _read_context(self.ctx.layout.attempt_dir(self.node_id, rec.attempt))
+            ctx = read_attempt_context(self.ctx.layout.attempt_dir(self.node_id, rec.attempt))
             out.append(PriorFailure(
                 attempt=rec.attempt, failure_class=FailureClass(rec.outcome),
                 exit_code=rec.exit_code,
                 unsatisfied=list(ctx.acceptance.unsatisfied) if ctx else [],
                 error=rec.error, fingerprint=rec.fingerprint))
         return out
-
-
-def _read_context(attempt_dir: Path) -> AttemptContext | None:
-    try:
-        return AttemptContext.model_validate_json((attempt_dir / "attempt.json").read_bytes())
-    except (OSError, ValueError):
-        return None
 
 
 class _Attempt:

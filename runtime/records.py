@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -73,3 +74,12 @@ class AttemptContext(BaseModel):
     started_at: float
     finished_at: float | None = None
     duration_s: float | None = None
+
+
+def read_attempt_context(attempt_dir: Path) -> AttemptContext | None:
+    """``attempts/<n>/attempt.json``, or None when missing or unreadable (a crash can
+    leave an attempt directory without one)."""
+    try:
+        return AttemptContext.model_validate_json((attempt_dir / "attempt.json").read_bytes())
+    except (OSError, ValueError):
+        return None

@@ -21,7 +21,7 @@ from .batch import BatchSummary
 from .files import replace_atomically
 from .ledger import NodeState, RunState
 from .plan import Manifest
-from .records import AttemptContext
+from .records import read_attempt_context
 from .run import load_run
 
 CSS = """
@@ -104,7 +104,7 @@ def _attempt_rows(run_dir: Path, nid: str, ns: NodeState) -> str:
         adir = run_dir / "nodes" / nid / "attempts" / str(rec.attempt)
         prompt = _read(adir / "prompt.md")
         first_prompt = prompt if first_prompt is None else first_prompt
-        ctx = _context(adir)
+        ctx = read_attempt_context(adir)
         outcome = rec.outcome or "unfinished"
         extra = []
         if rec.error:
@@ -141,13 +141,6 @@ def _read(path: Path) -> str | None:
     try:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return None
-
-
-def _context(adir: Path) -> AttemptContext | None:
-    try:
-        return AttemptContext.model_validate_json((adir / "attempt.json").read_bytes())
-    except (OSError, ValueError):
         return None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import runtime
 
 EXPECTED = [
-    "CompiledPlan", "DagRuntimeError", "DigestMismatchError", "ExecutionError", "FailureClass",
+    "CompiledPlan", "DagRuntimeError", "ExecutionError", "FailureClass",
     "InputError", "LedgerError", "Manifest", "PlanFormatError", "Problem", "TemplateError",
     "Topology", "TopologyError", "UsageError", "compile_plan", "load_topology", "plan_topology",
     "verify_plan_dir", "write_plan",
