@@ -1,5 +1,6 @@
 """A plan-time compiled DAG runtime for security-analysis agent workflows."""
 
+from .batch import BatchOptions, BatchSummary, run_batch
 from .errors import (
     DagRuntimeError,
     ExecutionError,
@@ -13,10 +14,15 @@ from .errors import (
 )
 from .failures import FailureClass
 from .plan import CompiledPlan, Manifest, compile_plan, plan_topology, write_plan
+from .records import RunSettings
+from .redact import Redactor
+from .run import RunResult, resume_run, start_run
 from .topology import Topology, load_topology
 from .verify import verify_plan_dir
 
 __all__ = [
+    "BatchOptions",
+    "BatchSummary",
     "CompiledPlan",
     "DagRuntimeError",
     "ExecutionError",
@@ -26,6 +32,9 @@ __all__ = [
     "Manifest",
     "PlanFormatError",
     "Problem",
+    "Redactor",
+    "RunResult",
+    "RunSettings",
     "TemplateError",
     "Topology",
     "TopologyError",
@@ -33,6 +42,9 @@ __all__ = [
     "compile_plan",
     "load_topology",
     "plan_topology",
+    "resume_run",
+    "run_batch",
+    "start_run",
     "verify_plan_dir",
     "write_plan",
 ]

@@ -5,10 +5,32 @@ from __future__ import annotations
 import runtime
 
 EXPECTED = [
-    "CompiledPlan", "DagRuntimeError", "ExecutionError", "FailureClass",
-    "InputError", "LedgerError", "Manifest", "PlanFormatError", "Problem", "TemplateError",
-    "Topology", "TopologyError", "UsageError", "compile_plan", "load_topology", "plan_topology",
-    "verify_plan_dir", "write_plan",
+    "BatchOptions",
+    "BatchSummary",
+    "CompiledPlan",
+    "DagRuntimeError",
+    "ExecutionError",
+    "FailureClass",
+    "InputError",
+    "LedgerError",
+    "Manifest",
+    "PlanFormatError",
+    "Problem",
+    "Redactor",
+    "RunResult",
+    "RunSettings",
+    "TemplateError",
+    "Topology",
+    "TopologyError",
+    "UsageError",
+    "compile_plan",
+    "load_topology",
+    "plan_topology",
+    "resume_run",
+    "run_batch",
+    "start_run",
+    "verify_plan_dir",
+    "write_plan",
 ]
 
 
