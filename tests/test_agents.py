@@ -200,3 +200,16 @@ def test_simulated_learns_from_feedback(make_inv: Callable[..., Invocation]) -> 
 ])
 def test_simulated_examples_match_schemas(schema: dict[str, Any] | None, value: Any) -> None:
     assert example_for(schema) == value
+
+
+def test_command_without_pidfd_falls_back_to_polling(
+        make_inv: Callable[..., Invocation], monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_pidfd(pid: int) -> int:
+        raise OSError("pidfd_open not supported")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfd)
+    inv = make_inv()
+    agent = make_agent(CommandProfile(kind="command", argv=["sh", "-c", "cat; exit 3"]))
+    assert agent.run(inv).exit_code == 3
+    inv.stdout.close()
+    assert inv.stdout.path.read_text() == "Do the task.\n"

@@ -143,8 +143,8 @@ class _Supervisor:
                 wait = POLL_S if self.pidfd >= 0 or self.code is not None else 0.005
                 for key, _ in self.sel.select(timeout=min(wait, max(deadline - now, 0.001))):
                     self._handle(key)
-                if self.pidfd < 0 and self.code is None:
-                    self._reap(self.proc.poll())
+                if self.pidfd < 0 and self.code is None and _exited(self.proc.pid):
+                    self._reap()
         finally:
             self._close()
         return self.code, timed_out, cancelled
@@ -152,7 +152,7 @@ class _Supervisor:
     def _handle(self, key: selectors.SelectorKey) -> None:
         if key.data == "exit":
             self.sel.unregister(key.fileobj)
-            self._reap(self.proc.wait())
+            self._reap()
         elif key.data == "stdin":
             try:
                 sent = os.write(key.fd, self.pending[:65536])
@@ -176,13 +176,12 @@ class _Supervisor:
                 self.sel.unregister(key.fileobj)
                 self.reading -= 1
 
-    def _reap(self, code: int | None) -> None:
-        if code is None:
-            return
-        self.code = code
-        # The leader is gone; nothing it started may outlive the attempt.
+    def _reap(self) -> None:
+        """The leader has exited but is not reaped yet, so its PID (the group id) cannot
+        have been reused: kill whatever it left in its group, then reap it."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+        self.code = self.proc.wait()
 
     def _close(self) -> None:
         self.sel.close()
@@ -192,6 +191,14 @@ class _Supervisor:
             if stream is not None:
                 with contextlib.suppress(OSError):
                     stream.close()
+
+
+def _exited(pid: int) -> bool:
+    """Has ``pid`` exited? Checked without reaping it (WNOWAIT)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> int | None:
