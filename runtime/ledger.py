@@ -270,22 +270,26 @@ class RunState(BaseModel):
     nodes: dict[str, NodeState]
 
 
-def fold(events: Iterable[Event], node_ids: Iterable[str]) -> RunState:
-    """Replay events into a run state. Pure."""
-    nodes: dict[str, dict[str, Any]] = {n: {"status": NodeStatus.PENDING, "attempts": []}
-                                        for n in node_ids}
-    head: RunStarted | None = None
-    status, last_seq, used = RunStatus.RUNNING, 0, 0
-    settings: dict[str, Any] = {}
-    for ev in events:
-        last_seq = ev.seq
+class Folder:
+    """Folds events one at a time, so a long run's snapshot costs O(new events)."""
+
+    def __init__(self, node_ids: Iterable[str]) -> None:
+        self.nodes: dict[str, dict[str, Any]] = {
+            n: {"status": NodeStatus.PENDING, "attempts": []} for n in node_ids}
+        self.head: RunStarted | None = None
+        self.status, self.last_seq, self.used = RunStatus.RUNNING, 0, 0
+        self.settings: dict[str, Any] = {}
+
+    def apply(self, ev: Event) -> None:
+        self.last_seq = ev.seq
+        nodes = self.nodes
         match ev:
             case RunStarted():
-                head = head or ev
-                settings = ev.settings
-                status = RunStatus.RUNNING
+                self.head = self.head or ev
+                self.settings = ev.settings
+                self.status = RunStatus.RUNNING
             case AttemptStarted():
-                used += 1
+                self.used += 1
                 nodes[ev.node]["status"] = NodeStatus.RUNNING
                 nodes[ev.node]["attempts"].append(
                     {"attempt": ev.attempt, "profile": ev.profile, "trigger": ev.trigger})
@@ -305,14 +309,26 @@ def fold(events: Iterable[Event], node_ids: Iterable[str]) -> RunState:
                 nodes[ev.node].update(status=NodeStatus.SKIPPED,
                                       failed_ancestor=ev.failed_ancestor)
             case RunFinished():
-                status = ev.status
-    if head is None:
-        raise LedgerError("ledger.jsonl", "no run.started event; not a run ledger")
-    return RunState(
-        run_id=head.run_id, topology=head.topology, plan_digest=head.plan_digest,
-        status=status, last_seq=last_seq, attempts_used=used, settings=settings,
-        nodes={n: NodeState.model_validate(d) for n, d in nodes.items()},
-    )
+                self.status = ev.status
+
+    def state(self) -> RunState:
+        if self.head is None:
+            raise LedgerError("ledger.jsonl", "no run.started event; not a run ledger")
+        h = self.head
+        return RunState(
+            run_id=h.run_id, topology=h.topology, plan_digest=h.plan_digest,
+            status=self.status, last_seq=self.last_seq, attempts_used=self.used,
+            settings=self.settings,
+            nodes={n: NodeState.model_validate(d) for n, d in self.nodes.items()},
+        )
+
+
+def fold(events: Iterable[Event], node_ids: Iterable[str]) -> RunState:
+    """Replay events into a run state. Pure."""
+    folder = Folder(node_ids)
+    for ev in events:
+        folder.apply(ev)
+    return folder.state()
 
 
 def write_state(path: Path, state: RunState) -> None:

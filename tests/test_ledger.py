@@ -109,3 +109,17 @@ def test_fold_counts_lost_attempts_apart(tmp_path: Path) -> None:
     assert (a.charged, a.consecutive_lost, state.attempts_used) == (0, 2, 3)
     assert [r.attempt for r in a.unfinished()] == [3]
     assert a.status is NodeStatus.RUNNING
+
+
+@pytest.mark.parametrize("cut", range(1, len(EVENTS)))
+def test_incremental_fold_equals_full_fold(tmp_path: Path, cut: int) -> None:
+    from runtime.ledger import Folder
+
+    events = read_events(_write(tmp_path, EVENTS))
+    folder = Folder(["a", "b", "c", "d"])
+    for ev in events[:cut]:
+        folder.apply(ev)
+    folder.state()  # a snapshot in between must not disturb the fold
+    for ev in events[cut:]:
+        folder.apply(ev)
+    assert folder.state() == fold(events, ["a", "b", "c", "d"])
