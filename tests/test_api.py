@@ -39,3 +39,11 @@ def test_exported_members() -> None:
     assert runtime.__all__ == EXPECTED
     for name in runtime.__all__:
         assert getattr(runtime, name) is not None
+
+
+def test_every_lazy_name_resolves_and_unknown_names_fail() -> None:
+    import pytest
+
+    assert sorted(runtime._MODULES) == sorted(runtime.__all__)
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        _ = runtime.nope  # type: ignore[attr-defined]

@@ -165,3 +165,27 @@ def test_defaults_follow_the_design(project: Project) -> None:
     assert [c.value for c in d.retry_on] == ["agent_exit", "artifact_contract",
                                             "contradictory_completion"]
     assert d.feedback_max_bytes == 8192
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=1, max_value=12).flatmap(lambda n: st.tuples(
+    st.just(n), st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)),
+                         max_size=3 * n))))
+def test_cycle_check_agrees_with_networkx(graph: tuple[int, list[tuple[int, int]]]) -> None:
+    import networkx as nx
+
+    from runtime.topology import _has_cycle
+
+    n, pairs = graph
+    preds: dict[str, list[str]] = {f"n{i}": [] for i in range(n)}
+    g: nx.DiGraph[str] = nx.DiGraph()
+    g.add_nodes_from(preds)
+    for a, b in pairs:
+        if a != b:
+            preds[f"n{b}"].append(f"n{a}")
+            g.add_edge(f"n{a}", f"n{b}")
+    assert _has_cycle(preds) == (not nx.is_directed_acyclic_graph(g))
