@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run", metavar="RUN", help="run directory, or run id under --artifacts")
     p.add_argument("--redact", action="append", default=[], metavar="VALUE",
                    help="a literal to redact from error text (repeatable)")
+    p.add_argument("--deadline", type=float, metavar="SECONDS",
+                   help="a new wall-clock limit for the rest of the run, from now")
     _common(p, plans=False)
     p.set_defaults(handler=cmd_resume)
 
@@ -289,8 +291,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from .run import resolve_run_dir, resume_run
 
     run_dir = resolve_run_dir(args.run, args.artifacts)
+    deadline_at = time.time() + args.deadline if args.deadline else None
     result = resume_run(run_dir, redactor=_redactor(args.redact),
-                        hooks=_hooks(_cancel_on_sigterm()))
+                        hooks=_hooks(_cancel_on_sigterm()), deadline_at=deadline_at)
     return _report_run(args, result)
 
 

@@ -137,16 +137,21 @@ def load_run(run_dir: Path) -> tuple[Manifest, RunState]:
 
 
 def resume_run(run_dir: Path, *, redactor: Redactor | None = None,
-               hooks: Hooks | None = None) -> RunResult:
+               hooks: Hooks | None = None, deadline_at: float | None = None) -> RunResult:
+    """Continue a run. ``deadline_at`` replaces the run's deadline from here on (the new
+    value is recorded in the resumed ``run.started``)."""
     manifest, state = load_run(run_dir)
     layout = RunLayout(run_dir)
     if state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
         return RunResult(state.run_id, run_dir, state.status, state)
     settings = RunSettings.model_validate(state.settings)
+    if deadline_at is not None:
+        settings = settings.model_copy(update={"deadline_at": deadline_at})
     hooks = hooks or Hooks()
     ledger = Ledger(layout.ledger, after_append=hooks.after_append, clock=hooks.clock)
     ledger.append(RunStarted(run_id=state.run_id, plan_digest=state.plan_digest,
-                             topology=state.topology, resumed=True, settings=state.settings))
+                             topology=state.topology, resumed=True,
+                             settings=settings.model_dump(mode="json")))
     for nid, node_state in state.nodes.items():
         for rec in node_state.unfinished():
             ledger.append(AttemptFinished(node=nid, attempt=rec.attempt,

@@ -208,3 +208,18 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
     a = result.state.nodes["a"]
     assert [x.outcome for x in a.attempts] == [FailureClass.CANCELLED, "succeeded"]
     _check_invariants(project.artifacts / "runs" / "int")
+
+
+def test_resume_can_extend_the_deadline(tmp_path: Path) -> None:
+    import time as _time
+
+    run_dir = _crashed_single_node_run(tmp_path)
+    ledger = run_dir / "ledger.jsonl"
+    first = json.loads(ledger.read_text().splitlines()[0])
+    assert first["settings"]["deadline_at"] is None
+    deadline = _time.time() + 600
+    result = resume_run(run_dir, deadline_at=deadline)
+    assert result.status is RunStatus.SUCCEEDED
+    resumed = [json.loads(line) for line in ledger.read_text().splitlines()
+               if '"run.started"' in line][-1]
+    assert resumed["resumed"] is True and resumed["settings"]["deadline_at"] == deadline
