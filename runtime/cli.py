@@ -40,7 +40,12 @@ def _common(p: argparse.ArgumentParser, *, plans: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="runtime", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="runtime",
+        description="Plan security-analysis agent topologies into sealed, digest-addressed "
+        "plans; run them with durable attempts and retry feedback; verify digests in CI.",
+        epilog="Exit status: 0 all succeeded, 1 a run or check failed, 2 invalid input, "
+        "130 interrupted. See README.md for the topology format.")
     parser.add_argument("-v", "--verbose", action="count", default=0)
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
@@ -369,7 +374,7 @@ def _describe(state: Any, run_dir: Path, *, verbose: bool) -> str:
         lines.append(f"  {nid:<24} {ns.status.value:<9} attempts {len(ns.attempts)}"
                      f"{': ' + outcomes if outcomes else ''}{extra}")
         last = ns.last_failure
-        if verbose and last is not None and last.error:
+        if (verbose or ns.status == "failed") and last is not None and last.error:
             first = last.error.strip().splitlines()
             lines.append(f"  {'':<24} last error: {first[0][:160] if first else ''}")
     return "\n".join(lines) + "\n"
