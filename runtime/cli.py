@@ -11,9 +11,12 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -242,10 +245,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         deadline_at=time.time() + args.deadline if args.deadline else None,
         overrides=parse_sets(args.sets, manifest),
         operator_prompt=_read_text(args.operator_prompt) if args.operator_prompt else None)
-    cancel = _cancel_on_sigterm()
-    result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
-                       redactor=_redactor(args.redact), hooks=_hooks(cancel),
-                       verified=verified)
+    with _cancel_on_signals() as cancel:
+        result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
+                           redactor=_redactor(args.redact), hooks=_hooks(cancel),
+                           verified=verified)
     return _report_run(args, result)
 
 
@@ -270,12 +273,12 @@ def cmd_batch(args: argparse.Namespace) -> int:
             return entry
         return entry.model_copy(update={"report": str(render_run_report(Path(entry.run_dir)))})
 
-    cancel = _cancel_on_sigterm()
-    if live:
-        with LiveProgress(console, len(topologies)) as progress:
-            summary = run_batch(topologies, options, progress, cancel, with_report)
-    else:
-        summary = run_batch(topologies, options, None, cancel, with_report)
+    with _cancel_on_signals() as cancel:
+        if live:
+            with LiveProgress(console, len(topologies)) as progress:
+                summary = run_batch(topologies, options, progress, cancel, with_report)
+        else:
+            summary = run_batch(topologies, options, None, cancel, with_report)
     batch_dir = args.artifacts / "batches" / summary.batch_id
     report = render_batch_report(summary, batch_dir)
     if args.json:
@@ -297,8 +300,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     run_dir = resolve_run_dir(args.run, args.artifacts)
     deadline_at = time.time() + args.deadline if args.deadline else None
-    result = resume_run(run_dir, redactor=_redactor(args.redact),
-                        hooks=_hooks(_cancel_on_sigterm()), deadline_at=deadline_at)
+    with _cancel_on_signals() as cancel:
+        result = resume_run(run_dir, redactor=_redactor(args.redact), hooks=_hooks(cancel),
+                            deadline_at=deadline_at)
     return _report_run(args, result)
 
 
@@ -328,14 +332,29 @@ def _redactor(declared: list[str]) -> Any:
     return Redactor.from_environment(os.environ, [*declared, *extra])
 
 
-def _cancel_on_sigterm() -> Any:
-    import signal
-    import threading
-
+@contextmanager
+def _cancel_on_signals() -> Iterator[threading.Event]:
+    """While a run is in progress, SIGINT (Ctrl-C) and SIGTERM set its cancel event: the
+    scheduler stops launching, agents are terminated, attempts recorded ``cancelled``.
+    Raising KeyboardInterrupt instead would land wherever the main thread happens to
+    be, for example inside a ledger append. A second Ctrl-C stops at once. The previous
+    handlers come back when the run is over."""
     cancel = threading.Event()
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda *_: cancel.set())
-    return cancel
+
+    def on_signal(signum: int, frame: object) -> None:
+        if signum == signal.SIGINT and cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield cancel
+        return
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield cancel
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _hooks(cancel: Any) -> Any:

@@ -256,3 +256,13 @@ def test_tampered_plan_is_not_run(project: Project, capsys: pytest.CaptureFixtur
     victim.write_text("tampered\n")
     code, _, err = _run(capsys, *project.cli("run", str(plan_dir)))
     assert code == 1 and "the plan does not verify; refusing to run" in err
+
+
+def test_signal_handlers_are_restored_after_a_run(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    import signal
+
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    _sim_project(project)
+    _run(capsys, *project.cli("run", str(project.topology), "--run-id", "sig"))
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
