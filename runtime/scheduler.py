@@ -75,14 +75,7 @@ class Scheduler:
         with ThreadPoolExecutor(max_workers=self.ctx.settings.jobs,
                                 thread_name_prefix="node") as pool:
             while True:
-                if not self.ctx.cancel.is_set():
-                    for nid in self._ready():
-                        if len(running) >= self.ctx.settings.jobs:
-                            break
-                        self.ready.remove(nid)
-                        self.status[nid] = NodeStatus.RUNNING
-                        executor = NodeExecutor(self.ctx, nid, self.history[nid])
-                        running[pool.submit(executor.run)] = nid
+                self._launch(pool, running)
                 if not running:
                     break
                 try:
@@ -91,10 +84,27 @@ class Scheduler:
                     log.warning("interrupted: stopping agents; the run stays resumable")
                     self.ctx.cancel.set()
                     continue
-                for fut in done:
-                    self._settle(running.pop(fut), fut.result())
+                finished = [(running.pop(fut), fut.result()) for fut in done]
+                # Free workers take nodes that were already ready before the finished ones
+                # are settled: node.succeeded must be durable before a *dependent* starts,
+                # not before unrelated work does, and its fsync need not idle a worker.
+                self._launch(pool, running)
+                for nid, outcome in finished:
+                    self._settle(nid, outcome)
                 self._maybe_write_state()
         return self._finish()
+
+    def _launch(self, pool: ThreadPoolExecutor, running: dict[Future[NodeOutcome], str],
+                ) -> None:
+        if self.ctx.cancel.is_set():
+            return
+        for nid in self._ready():
+            if len(running) >= self.ctx.settings.jobs:
+                break
+            self.ready.remove(nid)
+            self.status[nid] = NodeStatus.RUNNING
+            executor = NodeExecutor(self.ctx, nid, self.history[nid])
+            running[pool.submit(executor.run)] = nid
 
     def _settle(self, nid: str, outcome: NodeOutcome) -> None:
         self.status[nid] = outcome.status
