@@ -213,3 +213,10 @@ def test_command_without_pidfd_falls_back_to_polling(
     assert agent.run(inv).exit_code == 3
     inv.stdout.close()
     assert inv.stdout.path.read_text() == "Do the task.\n"
+
+
+def test_python_agent_that_cannot_be_imported(make_inv: Callable[..., Invocation]) -> None:
+    agent = make_agent(PythonProfile(kind="python", target="no_such_module_xyz:run"))
+    result = agent.run(make_inv())
+    assert result.launch_error is not None
+    assert result.launch_error.startswith("no_such_module_xyz:run: No module named")

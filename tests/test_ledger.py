@@ -123,3 +123,11 @@ def test_incremental_fold_equals_full_fold(tmp_path: Path, cut: int) -> None:
     for ev in events[cut:]:
         folder.apply(ev)
     assert folder.state() == fold(events, ["a", "b", "c", "d"])
+
+
+def test_a_middle_line_that_is_not_an_event_is_an_error(tmp_path: Path) -> None:
+    path = _write(tmp_path, EVENTS[:2])
+    lines = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join([lines[0], b'{"event": "bogus"}', lines[1], b""]))
+    with pytest.raises(LedgerError, match="line 2: not a ledger event"):
+        read_events(path)

@@ -223,3 +223,14 @@ def test_resume_can_extend_the_deadline(tmp_path: Path) -> None:
     resumed = [json.loads(line) for line in ledger.read_text().splitlines()
                if '"run.started"' in line][-1]
     assert resumed["resumed"] is True and resumed["settings"]["deadline_at"] == deadline
+
+
+def test_resume_refuses_a_run_whose_plan_was_edited(tmp_path: Path) -> None:
+    from runtime.errors import PlanIntegrityError
+
+    run_dir = _crashed_single_node_run(tmp_path)
+    manifest = run_dir / "plan.json"
+    os.chmod(manifest, 0o644)
+    manifest.write_bytes(manifest.read_bytes().replace(b'"max_attempts":1', b'"max_attempts":9'))
+    with pytest.raises(PlanIntegrityError, match="the run started with"):
+        resume_run(run_dir)

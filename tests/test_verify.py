@@ -101,3 +101,31 @@ def test_tampered_existing_plan_is_not_reused(project: Project, plan_dir: Path) 
     plan = plan_topology(project.topology, project.prompts)
     with pytest.raises(PlanFormatError, match="does not verify"):
         write_plan(plan, project.artifacts)
+
+
+def test_json_that_is_not_a_manifest(plan_dir: Path) -> None:
+    path = _writable(plan_dir / "plan.json")
+    path.write_bytes(canonical_json({"schema_version": 1, "nodes": []}))
+    problems = verify_plan_dir(plan_dir)
+    assert any("not a plan manifest" in p and "errors; first at" in p for p in problems)
+
+
+def test_symlinked_prompt_is_not_a_regular_file(plan_dir: Path, tmp_path: Path) -> None:
+    victim = _first_prompt(plan_dir)
+    (tmp_path / "elsewhere.md").write_bytes(victim.read_bytes())
+    os.chmod(victim, 0o644)
+    victim.unlink()
+    os.symlink(tmp_path / "elsewhere.md", victim)
+    assert f"{victim}: not a regular file" in verify_plan_dir(plan_dir)
+
+
+def test_golden_diff_names_added_removed_and_constants() -> None:
+    from runtime.verify import Golden, diff_golden
+
+    old = Golden(topology="t", vars={}, plan_digest="p1", constants={"a": "1"},
+                 nodes={"keep": "d1", "gone": "d2"})
+    new = Golden(topology="t", vars={}, plan_digest="p2", constants={"a": "2"},
+                 nodes={"keep": "d1", "added": "d3"})
+    assert diff_golden(old, new) == [
+        "node added: new node (prompt d3)", "node gone: removed (golden prompt d2)",
+        "constant a: 1 -> 2", "plan digest p1 -> p2"]
