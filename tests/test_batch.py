@@ -102,3 +102,23 @@ def test_batch_set_applies_to_the_topology_that_has_the_node(batch_project: Proj
         batch_project, batch_id="b6", sets=("b.retry_feedback=false",)))
     good = next(e for e in summary.entries if e.topology == "good")
     assert good.status == "failed" and good.nodes["b"].attempts == 2  # no feedback, no fix
+
+
+def test_live_progress_shows_attempts_and_retries(batch_project: Project) -> None:
+    import io
+
+    from rich.console import Console
+
+    from runtime.progress import LiveProgress, summary_table
+
+    (batch_project.root / "topologies" / "broken.yaml").unlink()
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=140, color_system=None)
+    with LiveProgress(console, 2) as progress:
+        summary = run_batch([batch_project.root / "topologies"],
+                            _options(batch_project, batch_id="b7"), progress)
+    console.print(summary_table(summary))
+    text = out.getvalue()
+    assert "good" in text and "attempts   3  retries  1  succeeded" in text
+    assert "attempts   1  retries  0  failed" in text
+    assert "2/2" in text  # the overall bar completed
