@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .context import AttemptBudget, RunContext
 from .digest import blake3_hex
 from .errors import LedgerError, PlanIntegrityError, UsageError
-from .execute import AttemptBudget, RunContext
 from .failures import FailureClass, RunStatus
 from .files import READ_ONLY
 from .ledger import AttemptFinished, Event, Ledger, RunStarted, RunState, fold, read_events

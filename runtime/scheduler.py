@@ -16,7 +16,8 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 import networkx as nx
 
-from .execute import NodeExecutor, NodeOutcome, RunContext
+from .context import NodeOutcome, RunContext
+from .execute import NodeExecutor
 from .failures import NodeStatus, RunStatus
 from .ledger import Folder, NodeFailed, NodeSkipped, NodeSucceeded, RunFinished, RunState
 from .ledger import write_state as _write_state
