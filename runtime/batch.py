@@ -24,7 +24,7 @@ from .errors import DagRuntimeError, UsageError
 from .failures import NodeStatus, RunStatus
 from .files import replace_atomically
 from .ledger import Event, RunState
-from .overrides import parse_sets
+from .overrides import parse_sets, split_set
 from .plan import CompiledPlan, plan_topology, write_plan
 from .records import RunSettings, read_attempt_context
 from .redact import Redactor
@@ -163,7 +163,7 @@ def _overrides(sets: Sequence[str], planned: dict[str, CompiledPlan | BatchEntry
     """Each topology's share of ``--set``; a node no topology has is a usage error."""
     plans = {src: p for src, p in planned.items() if isinstance(p, CompiledPlan)}
     for item in sets:
-        node = item.partition("=")[0].rpartition(".")[0]
+        node = _node_of(item)
         if node != "*" and not any(node in p.manifest.nodes for p in plans.values()):
             raise UsageError(f"--set {item}: no topology in this batch has a node {node!r}")
     return {src: _sets_for(sets, p.manifest) for src, p in plans.items()}
@@ -197,8 +197,14 @@ def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, d
 
 def _sets_for(sets: Sequence[str], manifest: Any) -> dict[str, dict[str, Any]]:
     """``--set`` items for nodes this topology has (others belong to other topologies)."""
-    mine = [s for s in sets if s.partition("=")[0].rpartition(".")[0] in (*manifest.nodes, "*")]
+    mine = [s for s in sets if _node_of(s) in (*manifest.nodes, "*")]
     return parse_sets(mine, manifest)
+
+
+def _node_of(item: str) -> str:
+    """The NODE of a ``--set`` item ("" when malformed: parse_sets names the error)."""
+    parts = split_set(item)
+    return parts[0] if parts else ""
 
 
 def entry_of(path: Path, result: RunResult) -> BatchEntry:

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .files import within
 from .topology import ArtifactSpec
 
 
@@ -31,12 +32,10 @@ class AcceptanceSummary(BaseModel):
 
 def check_artifact(workspace: Path, spec: ArtifactSpec) -> str | None:
     """Return why ``spec`` is unmet in ``workspace``, or None when it is met."""
-    root = os.path.realpath(workspace)
-    target = os.path.join(root, spec.path)
-    real = os.path.realpath(target)
-    if os.path.commonpath([real, root]) != root:
+    real = within(workspace, spec.path)
+    if real is None:
         return f"{spec.path}: resolves outside the workspace (symlink escape); refused"
-    if not os.path.lexists(target):
+    if not os.path.lexists(os.path.join(workspace, spec.path)):
         if not spec.required:
             return None
         return f"{spec.path}: required artifact missing{_present(workspace)}"

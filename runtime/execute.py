@@ -34,11 +34,17 @@ class NodeExecutor:
     def charged(self) -> int:
         return charged_attempts(self.history)
 
+    def _exhausted(self) -> str | None:
+        charged = self.charged()
+        if charged >= self.policy.ceiling:
+            return f"attempts exhausted ({charged} of {self.policy.ceiling})"
+        return None
+
     def _blocked(self) -> str | None:
         if self.ctx.cancel.is_set():
             return "cancelled"
-        if self.charged() >= self.policy.ceiling:
-            return f"attempts exhausted ({self.charged()} of {self.policy.ceiling})"
+        if (exhausted := self._exhausted()) is not None:
+            return exhausted
         if consecutive_lost(self.history) >= LOST_STREAK_LIMIT:
             return f"lost {LOST_STREAK_LIMIT} times in a row"
         deadline = self.ctx.settings.deadline_at
@@ -62,8 +68,8 @@ class NodeExecutor:
             self.stop_reason = ("the same failure repeated despite retry feedback; "
                                 "stopped so it does not burn the remaining attempts")
             return False
-        if self.charged() >= self.policy.ceiling:
-            self.stop_reason = f"attempts exhausted ({self.charged()} of {self.policy.ceiling})"
+        if (exhausted := self._exhausted()) is not None:
+            self.stop_reason = exhausted
             return False
         return True
 

@@ -1,4 +1,5 @@
-"""The two ways the runtime writes files: once and read-only, or replaced atomically."""
+"""The two ways the runtime writes files (once and read-only, or replaced atomically),
+and the one check that a path from a topology or an agent stays inside its root."""
 
 from __future__ import annotations
 
@@ -24,3 +25,11 @@ def replace_atomically(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def within(root: str | Path, path: str | Path) -> str | None:
+    """The real path of ``path`` (a relative one is taken from ``root``) when it resolves
+    inside ``root``'s real path; None otherwise. Symlinks and ``..`` cannot escape."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(real_root, path))
+    return real if os.path.commonpath([real, real_root]) == real_root else None

@@ -32,15 +32,22 @@ def _value(field: str, raw: str, where: str) -> Any:
     return classes
 
 
+def split_set(item: str) -> tuple[str, str, str] | None:
+    """``NODE.FIELD=VALUE`` as (node, field, value); None when it is not of that form."""
+    lhs, sep, raw = item.partition("=")
+    node, dot, field = lhs.rpartition(".")
+    return (node, field, raw) if sep and dot else None
+
+
 def parse_sets(sets: Sequence[str], manifest: Manifest) -> dict[str, dict[str, Any]]:
     """Parse every ``--set``; ``*`` applies to all nodes. Errors name the flag."""
     out: dict[str, dict[str, Any]] = {}
     for item in sets:
         where = f"--set {item}"
-        lhs, sep, raw = item.partition("=")
-        node, dot, field = lhs.rpartition(".")
-        if not sep or not dot:
+        parts = split_set(item)
+        if parts is None:
             raise UsageError(f"{where}: expected NODE.FIELD=VALUE")
+        node, field, raw = parts
         if field not in RETRY_FIELDS:
             raise UsageError(f"{where}: {field!r} cannot be set per run; settable: "
                              f"{', '.join(RETRY_FIELDS)}")

@@ -19,6 +19,7 @@ from jinja2 import meta, nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 from .errors import TemplateError
+from .files import within
 from .topology import Node, Topology
 
 ALLOWED_VARIABLES = ("acceptance", "needs", "node", "objective", "topology", "vars")
@@ -29,14 +30,13 @@ class _RootedLoader(jinja2.FileSystemLoader):
 
     def __init__(self, root: Path) -> None:
         super().__init__(str(root), followlinks=False)
-        self._real_root = os.path.realpath(root)
+        self._root = root
 
     def get_source(
         self, environment: jinja2.Environment, template: str
     ) -> tuple[str, str, Callable[[], bool]]:
         source, filename, uptodate = super().get_source(environment, template)
-        real = os.path.realpath(filename)
-        if os.path.commonpath([real, self._real_root]) != self._real_root:
+        if within(self._root, filename) is None:
             raise jinja2.TemplateNotFound(f"{template} (resolves outside the prompts root)")
         return source, filename, uptodate
 
@@ -124,8 +124,8 @@ def _template_frame(exc: BaseException, default: str, root: Path) -> tuple[str, 
     """jinja2 rewrites tracebacks so template frames carry the template file and line."""
     real_root = os.path.realpath(root)
     for frame in reversed(traceback.extract_tb(exc.__traceback__)):
-        real = os.path.realpath(frame.filename)
-        if os.path.commonpath([real, real_root]) == real_root:
+        real = within(real_root, frame.filename)
+        if real is not None:
             return Path(os.path.relpath(real, real_root)).as_posix(), frame.lineno or 0
     return default, getattr(exc, "lineno", 0) or 0
 

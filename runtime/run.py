@@ -22,7 +22,7 @@ from .context import AttemptBudget, RunContext
 from .digest import blake3_hex
 from .errors import LedgerError, PlanIntegrityError, UsageError
 from .failures import FailureClass, RunStatus
-from .files import READ_ONLY
+from .files import READ_ONLY, write_read_only
 from .ledger import AttemptFinished, Event, Ledger, RunStarted, RunState, fold, read_events
 from .plan import MANIFEST_NAME, PROMPTS_DIR, Manifest, read_manifest
 from .records import RunSettings
@@ -96,9 +96,7 @@ def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes) 
     tmp = layout.root.with_name(f".{layout.root.name}.tmp-{os.getpid()}")
     tmp.mkdir(parents=True)
     staged = RunLayout(tmp)
-    fd = os.open(staged.plan_json, os.O_WRONLY | os.O_CREAT | os.O_EXCL, READ_ONLY)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(raw)
+    write_read_only(staged.plan_json, raw)
     (tmp / "nodes").mkdir()
     for nid, node in manifest.nodes.items():
         # Explicit mkdirs, no parents=True probing: metadata operations are the cost.

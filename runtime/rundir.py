@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UsageError
-from .files import READ_ONLY
+from .files import READ_ONLY, within
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 
@@ -71,10 +71,9 @@ class RunLayout:
         ws = self.workspace(node)
         placed = []
         for up, paths in upstream.items():
-            src_root = os.path.realpath(self.workspace(up))
             for rel in paths:
-                src = os.path.realpath(os.path.join(src_root, rel))
-                if os.path.commonpath([src, src_root]) != src_root or not os.path.isfile(src):
+                src = within(self.workspace(up), rel)
+                if src is None or not os.path.isfile(src):
                     continue  # optional and absent, or refused by the upstream contract
                 dst = ws / "inputs" / up / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)

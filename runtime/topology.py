@@ -9,6 +9,7 @@ root. All problems found are raised together in one ``TopologyError``.
 from __future__ import annotations
 
 import graphlib
+import os
 import re
 from pathlib import Path
 from types import MappingProxyType
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import Problem, TopologyError
 from .failures import DEFAULT_RETRY_ON, FailureClass
+from .files import within
 from .profiles import BUILTIN_PROFILES, AgentProfile
 from .yamlsafe import LoadedYaml, load_yaml
 
@@ -352,14 +354,12 @@ def _is_relative(path: str) -> bool:
 
 
 def _template_problem(root: Path, rel: str) -> str | None:
-    candidate = root / rel
-    try:
-        resolved = candidate.resolve(strict=True)
-    except (FileNotFoundError, RuntimeError):
+    if not os.path.exists(root / rel):
         return f"template {rel!r} not found under prompts root {root}"
-    if not resolved.is_relative_to(root):
+    real = within(root, rel)
+    if real is None:
         return f"template {rel!r} resolves outside the prompts root (symlink?)"
-    if not resolved.is_file():
+    if not os.path.isfile(real):
         return f"template {rel!r} is not a file"
     return None
 

@@ -25,7 +25,9 @@ from typing import Any
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 
+from ..files import within
 from ..profiles import HttpProfile
+from ..topology import check_relative_path
 from . import AgentExit, Invocation
 
 OUTPUT_PROTOCOL = (
@@ -172,8 +174,11 @@ def _wait_retry_after(state: RetryCallState) -> float:
 
 
 def _inside(workspace: Path, rel: str) -> Path | None:
-    if rel.startswith("/") or ".." in rel.split("/") or "\\" in rel:
+    """Where a reply's ``file=<path>`` block may be written: the same rules as a
+    declared artifact path, and no symlink out of the workspace."""
+    try:
+        check_relative_path(rel)
+    except ValueError:
         return None
-    root = os.path.realpath(workspace)
-    target = os.path.realpath(os.path.join(root, rel))
-    return Path(target) if os.path.commonpath([root, target]) == root else None
+    real = within(workspace, rel)
+    return Path(real) if real is not None else None
