@@ -180,4 +180,4 @@ class Attempt:
         self.o.history[-1] = self.o.history[-1].model_copy(update={
             "outcome": outcome, "exit_code": exit_code, "error": clean, "fingerprint": fp,
             "duration_s": round(finished - self.started, 6)})
-        return AttemptResult(outcome=failure, number=self.number, fingerprint=fp)
+        return AttemptResult(outcome=failure, number=self.number)

@@ -74,15 +74,3 @@ class BoundedCapture:
             newline = data.find(b"\n")
             data = data[newline + 1:] if newline >= 0 else b""
         return data.decode("utf-8", "replace")
-
-
-def pump(stream: IO[bytes], sink: BoundedCapture, chunk: int = 64 * 1024) -> None:
-    """Copy ``stream`` into ``sink`` until EOF. For callers with a plain pipe; the
-    command agent multiplexes its pipes in one selector loop instead."""
-    try:
-        while block := stream.read(chunk):
-            sink.write(block)
-    except (OSError, ValueError):
-        pass  # the stream was closed under us: the process is being torn down
-    finally:
-        stream.close()

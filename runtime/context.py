@@ -45,7 +45,6 @@ class RunContext:
     budget: AttemptBudget
     redactor: Redactor
     cancel: threading.Event = field(default_factory=threading.Event)
-    sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.time
 
     def profile_digest(self, name: str) -> str:
@@ -100,7 +99,6 @@ def node_policy(node_id: str, node: PlanNode, settings: RunSettings) -> NodePoli
 class AttemptResult:
     outcome: FailureClass | None  # None: succeeded
     number: int = 0
-    fingerprint: str | None = None
     blocked: str | None = None  # why no attempt could start (budget, deadline, cancel)
 
     @property

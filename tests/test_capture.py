@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import resource
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from runtime.capture import BoundedCapture, pump
+from runtime.agents import Invocation, make_agent
+from runtime.capture import BoundedCapture
+from runtime.profiles import CommandProfile
 
 
 def test_small_output_is_kept_whole(tmp_path: Path) -> None:
@@ -44,13 +45,18 @@ def test_tail_text_starts_at_a_line_boundary_after_a_cut(tmp_path: Path) -> None
 
 @pytest.mark.slow
 def test_a_gigabyte_of_output_stays_bounded(tmp_path: Path) -> None:
+    """Through the command agent's supervisor, the path every agent's output takes."""
     cap = BoundedCapture(tmp_path / "big.log")
+    err = BoundedCapture(tmp_path / "err.log")
+    inv = Invocation(run_id="r", node="n", attempt=1, max_attempts=1, prompt="",
+                     prompt_file=tmp_path / "p.md", workspace=tmp_path, timeout_s=120,
+                     env={}, artifacts=(), stdout=cap, stderr=err)
+    agent = make_agent(CommandProfile(kind="command", prompt_via="file",
+                                      argv=["head", "-c", str(1 << 30), "/dev/zero"]))
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    proc = subprocess.Popen(["head", "-c", str(1 << 30), "/dev/zero"], stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    pump(proc.stdout, cap)
-    proc.wait()
+    assert agent.run(inv).exit_code == 0
     cap.close()
+    err.close()
     grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert cap.total == 1 << 30
     assert (tmp_path / "big.log").stat().st_size < 140 * 1024
