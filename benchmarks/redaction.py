@@ -99,8 +99,8 @@ def cost(mb: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         base = min(drain(to_null) for _ in range(3))
         ours_t = min(through_agent(Path(tmp)) for _ in range(3))
-    print(f"{mb} MB stderr: agent supervisor + capture + pipeline {ours_t:.2f} s vs drain to /dev/null "
-          f"{base:.2f} s: ratio {ours_t / base:.2f}x")
+    print(f"{mb} MB stderr: agent supervisor + capture + pipeline {ours_t:.2f} s vs drain "
+          f"to /dev/null {base:.2f} s: ratio {ours_t / base:.2f}x")
     text = subprocess.run(gen, capture_output=True, check=True).stdout.decode()
     start = time.perf_counter()
     Redactor().redact(text)
