@@ -69,8 +69,9 @@ class Attempt:
                 artifacts=[(a.path, a.kind, a.required) for a in self.node.artifacts],
                 inputs=inputs),
             plan_prompt, operator_prompt=self.ctx.settings.operator_prompt, preamble=preamble)
-        write_read_only(self.dir / "prompt.md", prompt.encode())
-        self._start(prompt_digest=blake3_hex(prompt.encode()), preamble=preamble, prior=prior)
+        prompt_bytes = prompt.encode()
+        write_read_only(self.dir / "prompt.md", prompt_bytes)
+        self._start(prompt_digest=blake3_hex(prompt_bytes), preamble=preamble, prior=prior)
         return self._invoke(prompt)
 
     def _context(self, **outcome: object) -> AttemptContext:
@@ -162,6 +163,7 @@ class Attempt:
                 acceptance: AcceptanceSummary, out_bytes: int, err_bytes: int,
                 ) -> AttemptResult:
         finished = self.ctx.clock()
+        duration = round(finished - self.started, 6)
         clean = self.ctx.redactor.clean(error, ERROR_LIMIT) if error else ""
         clean_acc = AcceptanceSummary(
             satisfied=acceptance.satisfied, unknown=acceptance.unknown,
@@ -171,13 +173,12 @@ class Attempt:
         self._write_context(self._context(
             outcome=outcome, failure_classes=[failure] if failure else [],
             exit_code=exit_code, error=clean, acceptance=clean_acc, stdout_bytes=out_bytes,
-            stderr_bytes=err_bytes, finished_at=finished,
-            duration_s=round(finished - self.started, 6)))
+            stderr_bytes=err_bytes, finished_at=finished, duration_s=duration))
         self.ctx.ledger.append(AttemptFinished(
             node=self.node_id, attempt=self.number, outcome=outcome, exit_code=exit_code,
-            error=clean, fingerprint=fp, duration_s=round(finished - self.started, 6)),
+            error=clean, fingerprint=fp, duration_s=duration),
             sync=False)  # the next event, synced before anything acts on this one, covers it
         self.o.history[-1] = self.o.history[-1].model_copy(update={
             "outcome": outcome, "exit_code": exit_code, "error": clean, "fingerprint": fp,
-            "duration_s": round(finished - self.started, 6)})
+            "duration_s": duration})
         return AttemptResult(outcome=failure, number=self.number)

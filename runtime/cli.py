@@ -206,9 +206,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _plan_digest(plan_dir: Path) -> str:
-    from .digest import blake3_hex
+    from .digest import file_blake3
+    from .plan import MANIFEST_NAME
 
-    return blake3_hex(read_manifest(plan_dir)[1])
+    return file_blake3(plan_dir / MANIFEST_NAME)
 
 
 def cmd_graph(args: argparse.Namespace) -> int:

@@ -108,13 +108,19 @@ class Ledger:
     def __init__(self, path: Path, *, after_append: Callable[[Event], None] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.path = path
-        _cut_torn_tail(path)
+        raw = _read(path) if path.exists() else b""
+        if raw and not raw.endswith(b"\n"):
+            # A crash mid-write left an unterminated last line: it was never durable,
+            # and appending after it would corrupt the next line, so it is cut first.
+            raw = raw[: raw.rfind(b"\n") + 1]
+            os.truncate(path, len(raw))
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.fsync(self._fd)  # the cut, or the new file, is durable before any append
         self._lock = threading.Lock()
         self._sync_lock = threading.Lock()
         self._written = 0
         self._synced = 0
-        self.events: list[Event] = read_events(path) if path.exists() else []
+        self.events: list[Event] = parse_events(raw, path)
         self._next_seq = (self.events[-1].seq if self.events else 0) + 1
         self._after_append = after_append
         self._clock = clock
@@ -153,25 +159,20 @@ class Ledger:
         os.close(self._fd)
 
 
-def _cut_torn_tail(path: Path) -> None:
-    """A crash mid-write leaves an unterminated last line; it was never durable, and
-    appending after it would corrupt the next line, so it is cut before appending."""
-    if not path.exists():
-        return
-    with path.open("rb+") as fh:
-        data = fh.read()
-        if data and not data.endswith(b"\n"):
-            fh.truncate(data.rfind(b"\n") + 1)
-            fh.flush()
-            os.fsync(fh.fileno())
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise LedgerError(path, f"cannot read ledger: {exc.strerror}") from None
 
 
 def read_events(path: Path) -> list[Event]:
     """Parse a ledger; a torn (incomplete or unparsable) last line is dropped."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise LedgerError(path, f"cannot read ledger: {exc.strerror}") from None
+    return parse_events(_read(path), path)
+
+
+def parse_events(raw: bytes, path: Path) -> list[Event]:
+    """Parse ledger bytes (read from ``path``, named in errors)."""
     lines = raw.split(b"\n")
     torn_ok = not raw.endswith(b"\n")  # the last element is then an unterminated line
     events: list[Event] = []

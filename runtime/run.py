@@ -170,5 +170,5 @@ def _drive(layout: RunLayout, manifest: Manifest, settings: RunSettings, ledger:
         status = Scheduler(ctx, state).run()
     finally:
         ledger.close()
-    final = fold(read_events(layout.ledger), manifest.nodes)
+    final = fold(ledger.events, manifest.nodes)
     return RunResult(state.run_id, layout.root, status, final)
