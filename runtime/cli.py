@@ -26,7 +26,7 @@ from .plan import plan_topology, read_manifest, write_plan
 from .topology import Topology
 from .verify import diff_golden, golden_bytes, golden_of, read_golden, verify_plan_dir
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -231,15 +231,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     target: Path = args.target
     if target.is_dir() and (target / PROMPTS_DIR).is_dir():
         plan_dir, verified = target, False
+        manifest = read_manifest(plan_dir)[0]
     elif target.is_file():
         # write_plan verifies a plan directory it reuses, and writes a new one itself.
-        plan_dir, verified = write_plan(plan_topology(target, args.prompts,
-                                                      parse_vars(args.var)), args.artifacts), True
+        compiled = plan_topology(target, args.prompts, parse_vars(args.var))
+        plan_dir, verified = write_plan(compiled, args.artifacts), True
+        manifest = compiled.manifest
     else:
         raise UsageError(f"{target}: not a topology file or plan directory")
     if args.jobs < 1:
         raise UsageError(f"--jobs {args.jobs}: must be at least 1")
-    manifest = read_manifest(plan_dir)[0]
     settings = RunSettings(
         agent=args.agent, jobs=args.jobs, no_fallback=args.no_fallback,
         max_total_attempts=args.max_total_attempts,
@@ -291,9 +292,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
             if e.error:
                 sys.stdout.write(f"{e.source}: {e.error}\n")
         sys.stdout.write(f"summary: {batch_dir / 'summary.json'}\nreport: {report}\n")
-    if summary.status == "succeeded":
-        return EXIT_OK
-    return 130 if summary.status == "cancelled" else EXIT_FAILED
+    return _exit_for(summary.status)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -376,9 +375,14 @@ def _report_run(args: argparse.Namespace, result: Any) -> int:
     obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),
            "status": result.status.value, "nodes": nodes, "report": str(report)}
     _emit(args, obj, _describe(state, result.run_dir, verbose=False) + f"report: {report}\n")
-    if result.status == "succeeded":
+    return _exit_for(result.status)
+
+
+def _exit_for(status: str) -> int:
+    """A run's or batch's status as the exit code (DESIGN section 8)."""
+    if status == "succeeded":
         return EXIT_OK
-    return 130 if result.status == "cancelled" else EXIT_FAILED
+    return EXIT_INTERRUPTED if status == "cancelled" else EXIT_FAILED
 
 
 def _describe(state: Any, run_dir: Path, *, verbose: bool) -> str:
@@ -426,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INVALID if isinstance(exc, InputError) else EXIT_FAILED
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
-        return 130
+        return EXIT_INTERRUPTED
 
 
 def entry() -> None:
