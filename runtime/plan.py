@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -29,6 +29,9 @@ from .files import write_read_only
 from .profiles import BUILTIN_PROFILES, AgentProfile
 from .render import Renderer, node_context
 from .topology import ArtifactSpec, Topology
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 MANIFEST_NAME = "plan.json"
 PROMPTS_DIR = "prompts"
@@ -75,6 +78,17 @@ class Manifest(_Frozen):
 
     def to_bytes(self) -> bytes:
         return canonical_json(self.model_dump(mode="json", by_alias=True))
+
+    def dag(self) -> nx.DiGraph[str]:
+        """The node graph (edges upstream -> downstream), for the scheduler and reports.
+        networkx is imported here, not at module level: planning does not need it."""
+        import networkx as nx
+
+        graph: nx.DiGraph[str] = nx.DiGraph()
+        for nid, node in self.nodes.items():
+            graph.add_node(nid)
+            graph.add_edges_from((up, nid) for up in node.needs)
+        return graph
 
     def digest(self) -> str:
         return blake3_hex(self.to_bytes())

@@ -54,10 +54,7 @@ def _page(title: str, body: str) -> str:
 
 def dag_svg(manifest: Manifest, state: RunState) -> str:
     """Nodes in layers by longest path from a source; edges as straight lines."""
-    graph: nx.DiGraph[str] = nx.DiGraph()
-    for nid, node in manifest.nodes.items():
-        graph.add_node(nid)
-        graph.add_edges_from((up, nid) for up in node.needs)
+    graph = manifest.dag()
     layer: dict[str, int] = {}
     for nid in nx.topological_sort(graph):
         layer[nid] = max((layer[u] + 1 for u in graph.pred[nid]), default=0)

@@ -30,10 +30,7 @@ STATE_INTERVAL_S = 1.0  # state.json is a derived view, refreshed incrementally
 class Scheduler:
     def __init__(self, ctx: RunContext, state: RunState) -> None:
         self.ctx = ctx
-        self.graph: nx.DiGraph[str] = nx.DiGraph()
-        for nid, node in ctx.manifest.nodes.items():
-            self.graph.add_node(nid)
-            self.graph.add_edges_from((up, nid) for up in node.needs)
+        self.graph = ctx.manifest.dag()
         self.order = list(nx.lexicographical_topological_sort(self.graph))
         self.status = {n: s.status for n, s in state.nodes.items()}
         self.history = dict(state.nodes)
