@@ -37,6 +37,11 @@ def canonical_json(obj: Any) -> bytes:
     ).encode("utf-8")
 
 
+def is_hex(text: str) -> bool:
+    """True when ``text`` is lowercase hex digits (a digest or a prefix of one)."""
+    return all(c in "0123456789abcdef" for c in text)
+
+
 def is_digest(text: str) -> bool:
     """True when ``text`` looks like a BLAKE3 hex digest."""
-    return len(text) == DIGEST_HEX_LEN and all(c in "0123456789abcdef" for c in text)
+    return len(text) == DIGEST_HEX_LEN and is_hex(text)

@@ -193,8 +193,13 @@ def read_manifest(plan_dir: Path) -> tuple[Manifest, bytes]:
         raw = path.read_bytes()
     except OSError as exc:
         raise PlanFormatError(path, f"cannot read manifest: {exc.strerror}") from None
+    return parse_manifest(raw, path), raw
+
+
+def parse_manifest(raw: bytes, path: Path) -> Manifest:
+    """Validate manifest bytes (read from ``path``, named in errors)."""
     try:
-        return Manifest.model_validate_json(raw), raw
+        return Manifest.model_validate_json(raw)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         loc = ".".join(str(p) for p in first["loc"])

@@ -14,9 +14,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .digest import PLAN_DIR_PREFIX_LEN, blake3_hex, canonical_json, file_blake3, is_digest
+from .digest import (
+    PLAN_DIR_PREFIX_LEN,
+    blake3_hex,
+    canonical_json,
+    file_blake3,
+    is_digest,
+    is_hex,
+)
 from .errors import PlanFormatError
-from .plan import MANIFEST_NAME, PROMPTS_DIR, CompiledPlan, read_manifest
+from .plan import MANIFEST_NAME, PROMPTS_DIR, CompiledPlan, parse_manifest
 
 
 def verify_plan_dir(plan_dir: Path, expected_digest: str | None = None) -> list[str]:
@@ -30,14 +37,13 @@ def verify_plan_dir(plan_dir: Path, expected_digest: str | None = None) -> list[
     if expected_digest is not None and digest != expected_digest:
         problems.append(f"{manifest_path}: plan digest is {digest}, expected {expected_digest}")
     name = plan_dir.resolve().name
-    if len(name) == PLAN_DIR_PREFIX_LEN and all(c in "0123456789abcdef" for c in name) \
-            and not digest.startswith(name):
+    if len(name) == PLAN_DIR_PREFIX_LEN and is_hex(name) and not digest.startswith(name):
         problems.append(f"{manifest_path}: hashes to {digest}, which does not match the plan "
                         f"directory name {name} (manifest edited?)")
     try:
         if canonical_json(json.loads(raw)) != raw:
             problems.append(f"{manifest_path}: not canonical JSON (edited by hand?)")
-        manifest, _ = read_manifest(plan_dir)
+        manifest = parse_manifest(raw, manifest_path)
     except (ValueError, PlanFormatError) as exc:
         return [*problems, f"{manifest_path}: {exc}"]
     listed = {n.prompt_digest for n in manifest.nodes.values()}
