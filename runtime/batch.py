@@ -9,9 +9,7 @@ runs finish.
 
 from __future__ import annotations
 
-import secrets
 import threading
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ from .overrides import parse_sets, split_set
 from .plan import CompiledPlan, plan_topology, write_plan
 from .records import RunSettings, read_attempt_context
 from .redact import Redactor
-from .run import Hooks, RunResult, resume_run, start_run
+from .run import Hooks, RunResult, default_run_id, resume_run, start_run
 from .rundir import check_run_id
 
 EntryStatus = Literal["succeeded", "failed", "cancelled", "invalid"]
@@ -107,18 +105,13 @@ def expand(paths: Sequence[Path]) -> list[Path]:
     return out
 
 
-def default_batch_id() -> str:
-    return f"batch-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(3)}"
-
-
 def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress | None = None,
               cancel: threading.Event | None = None,
               on_entry: Callable[[BatchEntry], BatchEntry] | None = None) -> BatchSummary:
     """Plan and run every topology; return (and write) the summary."""
     topologies = expand(paths)
-    batch_id = check_run_id(options.batch_id or default_batch_id())
+    batch_id = check_run_id(options.batch_id or default_run_id("batch"))
     batch_dir = options.artifacts / "batches" / batch_id
-    batch_dir.mkdir(parents=True, exist_ok=True)
     progress = progress or Progress()
     cancel = cancel or threading.Event()
     entries: dict[str, BatchEntry] = {}
@@ -127,6 +120,7 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
     # no topology has is refused, before anything runs.
     planned = {str(path): _plan(path, options) for path in topologies}
     overrides = _overrides(options.sets, planned)
+    batch_dir.mkdir(parents=True, exist_ok=True)
 
     def one(path: Path) -> BatchEntry:
         entry = _run_one(path, planned[str(path)], overrides.get(str(path), {}), batch_id,

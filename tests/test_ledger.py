@@ -70,11 +70,15 @@ def test_torn_last_line_is_tolerated_and_cut_before_appending(tmp_path: Path) ->
     assert events[-1].seq == 3
 
 
-def test_corrupt_middle_line_is_an_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("line", "message"), [
+    (b"garbage", "line 2: not JSON; the ledger is corrupt"),
+    (b'{"event": "bogus"}', "line 2: not a ledger event"),
+])
+def test_a_bad_middle_line_is_an_error(tmp_path: Path, line: bytes, message: str) -> None:
     path = _write(tmp_path, EVENTS[:2])
     lines = path.read_bytes().split(b"\n")
-    path.write_bytes(b"\n".join([lines[0], b"garbage", lines[1], b""]))
-    with pytest.raises(LedgerError, match="line 2: not JSON; the ledger is corrupt"):
+    path.write_bytes(b"\n".join([lines[0], line, lines[1], b""]))
+    with pytest.raises(LedgerError, match=message):
         read_events(path)
 
 
@@ -123,11 +127,3 @@ def test_incremental_fold_equals_full_fold(tmp_path: Path, cut: int) -> None:
     for ev in events[cut:]:
         folder.apply(ev)
     assert folder.state() == fold(events, ["a", "b", "c", "d"])
-
-
-def test_a_middle_line_that_is_not_an_event_is_an_error(tmp_path: Path) -> None:
-    path = _write(tmp_path, EVENTS[:2])
-    lines = path.read_bytes().split(b"\n")
-    path.write_bytes(b"\n".join([lines[0], b'{"event": "bogus"}', lines[1], b""]))
-    with pytest.raises(LedgerError, match="line 2: not a ledger event"):
-        read_events(path)
