@@ -67,8 +67,9 @@ def render_preamble(attempt: int, max_attempts: int, failures: list[PriorFailure
         longest = max(max(len(f.error) for f in kept),
                       max((len(u) for f in kept for u in f.unsatisfied), default=0))
         lo, hi = 0, longest
-        if len(_block(attempt, max_attempts, kept, hi)) <= max_bytes:
-            return _block(attempt, max_attempts, kept, hi)
+        whole = _block(attempt, max_attempts, kept, hi)
+        if len(whole) <= max_bytes:
+            return whole
         while lo < hi:  # the largest error limit whose encoding fits
             mid = (lo + hi + 1) // 2
             if len(_block(attempt, max_attempts, kept, mid)) <= max_bytes:
