@@ -19,11 +19,21 @@ from .feedback import fingerprint, render_preamble
 from .files import replace_atomically, write_read_only
 from .ledger import AttemptFinished, AttemptRecord, AttemptStarted
 from .records import AttemptContext, PriorFailure
+from .redact import Redactor
 
 if TYPE_CHECKING:
     from .execute import NodeExecutor
 
 ERROR_LIMIT = 4096
+SUMMARY_LIMIT = 200
+
+
+def summarize(redactor: Redactor, hint: str | None, error: str) -> str:
+    """One line a user can act on: the adapter's reading of the agent's own reason when
+    it has one, else the error's first non-empty line. Redacted and bounded."""
+    source = hint or next((ln for ln in error.splitlines() if ln.strip()), "")
+    line = " ".join(source.split())
+    return redactor.clean(line, SUMMARY_LIMIT) if line else ""
 
 
 class Attempt:
@@ -126,6 +136,7 @@ class Attempt:
             stdout.close()
             stderr.close()
         failure, error = self._classify(exit_, stderr, timeout)
+        self._summary_hint = exit_.summary
         acceptance = AcceptanceSummary()
         if failure not in (FailureClass.LAUNCH_ERROR, FailureClass.CANCELLED):
             acceptance = verify_artifacts(ws, list(self.node.artifacts),
@@ -153,6 +164,9 @@ class Attempt:
             return FailureClass.CANCELLED, "cancelled by the operator"
         if exit_.timed_out:
             return FailureClass.AGENT_TIMEOUT, f"timed out after {timeout:g} s\n{tail}".strip()
+        if exit_.failure is not None:  # the adapter recognised the agent's own reason
+            head = exit_.summary or exit_.reported_error or f"exit status {exit_.exit_code}"
+            return exit_.failure, f"{head}\n{tail}".strip()
         if exit_.exit_code != 0:
             return FailureClass.AGENT_EXIT, f"exit status {exit_.exit_code}\n{tail}".strip()
         if exit_.reported_error is not None:
@@ -169,16 +183,20 @@ class Attempt:
             satisfied=acceptance.satisfied, unknown=acceptance.unknown,
             unsatisfied=[self.ctx.redactor.clean(u, 1024) for u in acceptance.unsatisfied])
         fp = fingerprint(failure, clean) if failure is not None else None
+        summary = summarize(self.ctx.redactor, getattr(self, "_summary_hint", None), clean) \
+            if failure is not None else ""
         outcome: Literal["succeeded"] | FailureClass = "succeeded" if failure is None else failure
         self._write_context(self._context(
             outcome=outcome, failure_classes=[failure] if failure else [],
-            exit_code=exit_code, error=clean, acceptance=clean_acc, stdout_bytes=out_bytes,
+            exit_code=exit_code, error=clean, summary=summary, acceptance=clean_acc,
+            stdout_bytes=out_bytes,
             stderr_bytes=err_bytes, finished_at=finished, duration_s=duration))
         self.ctx.ledger.append(AttemptFinished(
             node=self.node_id, attempt=self.number, outcome=outcome, exit_code=exit_code,
-            error=clean, fingerprint=fp, duration_s=duration),
+            error=clean, summary=summary, fingerprint=fp, duration_s=duration),
             sync=False)  # the next event, synced before anything acts on this one, covers it
         self.o.history[-1] = self.o.history[-1].model_copy(update={
-            "outcome": outcome, "exit_code": exit_code, "error": clean, "fingerprint": fp,
+            "outcome": outcome, "exit_code": exit_code, "error": clean, "summary": summary,
+            "fingerprint": fp,
             "duration_s": duration})
         return AttemptResult(outcome=failure, number=self.number)

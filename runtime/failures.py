@@ -19,6 +19,12 @@ class FailureClass(StrEnum):
     LOST = "lost"
     CANCELLED = "cancelled"
     DIGEST_MISMATCH = "digest_mismatch"
+    # Agent availability (DESIGN section 10): no retry on the same profile fixes these,
+    # except rate_limited, which waits uncharged within the node's rate_limit_wait_s.
+    AGENT_AUTH = "agent_auth"
+    AGENT_UNREACHABLE = "agent_unreachable"
+    AGENT_REJECTED = "agent_rejected"
+    RATE_LIMITED = "rate_limited"
 
     def is_retryable(self) -> bool:
         """A tampered plan is never retried, whatever ``retry_on`` says."""
@@ -28,6 +34,12 @@ class FailureClass(StrEnum):
         """Lost and cancelled attempts say nothing about the work: they do not count
         against the node's ``max_attempts`` (they do count against the run budget)."""
         return self not in (FailureClass.LOST, FailureClass.CANCELLED)
+
+    def ends_profile(self) -> bool:
+        """Never retried on the same profile: the node moves to its next fallback at once
+        (a missing binary or a rejected key fails identically every time)."""
+        return self in (FailureClass.LAUNCH_ERROR, FailureClass.AGENT_AUTH,
+                        FailureClass.AGENT_UNREACHABLE, FailureClass.AGENT_REJECTED)
 
 
 DEFAULT_RETRY_ON = (

@@ -65,6 +65,8 @@ class AttemptFinished(_Event):
     outcome: Literal["succeeded"] | FailureClass
     exit_code: int | None = None
     error: str = Field(default="", description="Redacted, bounded error text.")
+    summary: str = Field(default="", description="One redacted line: the agent's own "
+                         "reason as its adapter recognised it, else the error's first line.")
     fingerprint: str | None = None
     duration_s: float = 0.0
 
@@ -208,6 +210,7 @@ class AttemptRecord(BaseModel):
     outcome: Literal["succeeded"] | FailureClass | None = None
     exit_code: int | None = None
     error: str = ""
+    summary: str = ""
     fingerprint: str | None = None
     duration_s: float | None = None
 
@@ -298,6 +301,7 @@ class Folder:
                 for rec in nodes[ev.node]["attempts"]:
                     if rec["attempt"] == ev.attempt:
                         rec.update(outcome=ev.outcome, exit_code=ev.exit_code, error=ev.error,
+                                   summary=ev.summary,
                                    fingerprint=ev.fingerprint, duration_s=ev.duration_s)
                 if nodes[ev.node]["status"] is NodeStatus.RUNNING:
                     nodes[ev.node]["status"] = NodeStatus.PENDING

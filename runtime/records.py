@@ -68,6 +68,7 @@ class AttemptContext(BaseModel):
     failure_classes: list[FailureClass] = Field(default_factory=list)
     exit_code: int | None = None
     error: str = ""
+    summary: str = ""
     acceptance: AcceptanceSummary = Field(default_factory=AcceptanceSummary)
     stdout_bytes: int = 0
     stderr_bytes: int = 0

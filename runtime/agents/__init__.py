@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ..capture import BoundedCapture
+from ..failures import FailureClass
 from ..profiles import (
     CommandProfile,
     HttpProfile,
@@ -52,6 +53,12 @@ class AgentExit:
     cancelled: bool = False
     launch_error: str | None = None
     reported_error: str | None = None  # a terminal error signalled with exit status 0
+    # What the adapter recognised in the agent's own output (claude's result JSON, an
+    # HTTP status, codex's stderr): a failure class that overrides the generic one
+    # (agent_exit, contradictory_completion), and a one-line summary of the agent's
+    # own reason. Both are evidence the adapter observed; neither can raise a ceiling.
+    failure: FailureClass | None = None
+    summary: str | None = None
 
 
 class Agent(Protocol):
