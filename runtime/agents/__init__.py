@@ -59,6 +59,8 @@ class AgentExit:
     # own reason. Both are evidence the adapter observed; neither can raise a ceiling.
     failure: FailureClass | None = None
     summary: str | None = None
+    # rate_limited only: the wait the provider asked for (Retry-After), in seconds.
+    retry_after_s: float | None = None
 
 
 class Agent(Protocol):
