@@ -1,31 +1,44 @@
 """One attempt, start to finish: check the prompt digest, prepare the workspace,
 assemble the prompt (with the retry preamble when due), invoke the agent, classify the
-evidence, and record ``attempt.json`` and the ledger events."""
+evidence, and record ``attempt.json`` and the ledger events.
+
+An attempt receives a frozen ``AttemptSpec`` and returns the ``AttemptRecord`` it wrote.
+Whatever goes wrong inside it stays inside it: a missing or unreadable plan prompt or
+input is ``digest_mismatch``, any other exception a ``launch_error`` naming it; only a
+``FatalRunError`` (the run can no longer record anything) leaves the attempt.
+"""
 
 from __future__ import annotations
 
+import errno
+import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from .agents import AgentExit, Invocation, make_agent
 from .assemble import RuntimeContext, assemble_prompt
 from .capture import BoundedCapture
-from .context import AttemptResult
+from .context import AttemptSpec, RunContext
 from .contract import AcceptanceSummary, verify_artifacts
 from .digest import blake3_hex
+from .errors import FatalRunError
 from .failures import FailureClass
 from .feedback import fingerprint, render_preamble
-from .files import replace_atomically, write_read_only
+from .files import UnsafeFileError, read_capped, replace_atomically, write_read_only
 from .ledger import AttemptFinished, AttemptRecord, AttemptStarted
-from .records import AttemptContext, PriorFailure
+from .records import AttemptContext
 from .redact import Redactor
+from .rundir import InputMismatch
 
-if TYPE_CHECKING:
-    from .execute import NodeExecutor
+log = logging.getLogger(__name__)
 
 ERROR_LIMIT = 4096
 SUMMARY_LIMIT = 200
+PROMPT_MAX_BYTES = 64 * 1024 * 1024
+# Errors that mean the run's own records cannot be written: no attempt can be recorded,
+# so the run stops (resumable) instead of failing node after node.
+FATAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 
 
 def summarize(redactor: Redactor, hint: str | None, error: str) -> str:
@@ -36,123 +49,168 @@ def summarize(redactor: Redactor, hint: str | None, error: str) -> str:
     return redactor.clean(line, SUMMARY_LIMIT) if line else ""
 
 
+class _Failed(Exception):
+    """An attempt ends early with a class (raised inside, caught in ``run``)."""
+
+    def __init__(self, failure: FailureClass, error: str) -> None:
+        super().__init__(error)
+        self.failure, self.error = failure, error
+
+
 class Attempt:
-    """One attempt, start to finish. Split out so each step stays small."""
+    """One attempt. Owns its directory and its two ledger events; nothing else."""
 
-    def __init__(self, owner: NodeExecutor, number: int) -> None:
-        self.o = owner
-        self.ctx = owner.ctx
-        self.node_id, self.node, self.policy = owner.node_id, owner.node, owner.policy
-        self.number = number
-        self.dir = self.ctx.layout.attempt_dir(self.node_id, number)
-        finished = [a for a in owner.history if a.outcome is not None]
-        self.trigger: str = "retry" if finished else "initial"
-        self.prior_attempt = finished[-1].attempt if finished else None
-        self.profile_name = self.policy.profile_for(owner.charged())
-        self.started = self.ctx.clock()
+    def __init__(self, ctx: RunContext, spec: AttemptSpec) -> None:
+        self.ctx, self.spec = ctx, spec
+        self.node = ctx.manifest.nodes[spec.node_id]
+        self.dir = ctx.layout.attempt_dir(spec.node_id, spec.number)
+        self.started = ctx.clock()
+        self._prompt_digest = ""
+        self._preamble_digest: str | None = None
+        self._started = False
+        self._summary_hint: str | None = None
+        self._retry_after: float | None = None
 
-    def run(self) -> AttemptResult:
-        self.dir.mkdir()
-        layout = self.ctx.layout
-        plan_prompt_path = layout.prompt_rendered(self.node_id)
-        plan_bytes = plan_prompt_path.read_bytes()  # hashed and used: one read, no race
-        actual = blake3_hex(plan_bytes)
-        if actual != self.node.prompt_digest:
-            error = (f"{plan_prompt_path.name} hashes to {actual}, the plan says "
-                     f"{self.node.prompt_digest}: the plan was tampered with")
-            self._start(prompt_digest=actual, preamble=None, prior=[])
-            return self._finish(FailureClass.DIGEST_MISMATCH, None, error,
-                                AcceptanceSummary(), 0, 0)
-        plan_prompt = plan_bytes.decode("utf-8")
-        layout.reset_workspace(self.node_id)
-        inputs = layout.place_inputs(self.node_id, {
-            up: [a.path for a in self.ctx.manifest.nodes[up].artifacts]
-            for up in self.node.needs})
-        prior = self.o.prior_failures() if self.trigger == "retry" else []
+    def run(self) -> AttemptRecord:
+        try:
+            return self._run()
+        except FatalRunError:
+            raise
+        except _Failed as failed:
+            return self._end_early(failed.failure, failed.error)
+        except OSError as exc:
+            if exc.errno in FATAL_ERRNOS:
+                raise FatalRunError(self.dir, f"cannot write the run's records: "
+                                    f"{exc.strerror}") from None
+            log.exception("attempt %s/%d: internal error", self.spec.node_id, self.spec.number)
+            return self._end_early(FailureClass.LAUNCH_ERROR, f"runtime error preparing or "
+                                   f"recording the attempt: {type(exc).__name__}: {exc}")
+        except Exception as exc:
+            log.exception("attempt %s/%d: internal error", self.spec.node_id, self.spec.number)
+            return self._end_early(FailureClass.LAUNCH_ERROR, f"runtime error in the attempt: "
+                                   f"{type(exc).__name__}: {exc}")
+
+    def _end_early(self, failure: FailureClass, error: str) -> AttemptRecord:
+        if not self._started:
+            self._start(prompt_digest=self._prompt_digest or "0" * 64, preamble=None)
+        return self._finish(failure, None, error, AcceptanceSummary(), 0, 0, {})
+
+    def _run(self) -> AttemptRecord:
+        layout, spec = self.ctx.layout, self.spec
+        plan_bytes = self._plan_prompt()
+        layout.reset_workspace(spec.node_id)
+        try:
+            inputs = layout.place_inputs(spec.node_id, self.ctx.accepted_inputs(spec.node_id))
+        except InputMismatch as exc:
+            raise _Failed(FailureClass.DIGEST_MISMATCH, str(exc)) from None
         preamble = None
-        if self.policy.retry_feedback and self.trigger == "retry" and prior:
-            preamble = render_preamble(self.number, self.policy.ceiling, prior,
-                                       self.policy.feedback_max_bytes)
+        if spec.policy.retry_feedback and spec.trigger == "retry" and spec.prior_failures:
+            preamble = render_preamble(spec.number, spec.policy.ceiling,
+                                       list(spec.prior_failures),
+                                       spec.policy.feedback_max_bytes)
         prompt = assemble_prompt(
             RuntimeContext(
-                topology=self.ctx.manifest.topology.name, node=self.node_id,
+                topology=self.ctx.manifest.topology.name, node=spec.node_id,
                 artifacts=[(a.path, a.kind, a.required) for a in self.node.artifacts],
                 inputs=inputs),
-            plan_prompt, operator_prompt=self.ctx.settings.operator_prompt, preamble=preamble)
+            plan_bytes.decode("utf-8"), operator_prompt=self.ctx.settings.operator_prompt,
+            preamble=preamble)
         prompt_bytes = prompt.encode()
         write_read_only(self.dir / "prompt.md", prompt_bytes)
-        self._start(prompt_digest=blake3_hex(prompt_bytes), preamble=preamble, prior=prior)
+        self._start(prompt_digest=blake3_hex(prompt_bytes), preamble=preamble)
         return self._invoke(prompt)
 
+    def _plan_prompt(self) -> bytes:
+        """The plan's prompt, read once without following links, hashed and used."""
+        path = self.ctx.layout.prompt_rendered(self.spec.node_id)
+        try:
+            data = read_capped(path, PROMPT_MAX_BYTES)
+        except (OSError, UnsafeFileError) as exc:
+            if isinstance(exc, OSError) and exc.errno in FATAL_ERRNOS:
+                raise
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise _Failed(FailureClass.DIGEST_MISMATCH,
+                          f"{path.name} cannot be read ({reason}): the run's copy of the "
+                          "plan prompt is gone or replaced") from None
+        actual = blake3_hex(data)
+        self._prompt_digest = actual
+        if actual != self.node.prompt_digest:
+            raise _Failed(FailureClass.DIGEST_MISMATCH,
+                          f"{path.name} hashes to {actual}, the plan says "
+                          f"{self.node.prompt_digest}: the plan was tampered with")
+        return data
+
     def _context(self, **outcome: object) -> AttemptContext:
-        return AttemptContext(
-            run_id=self.ctx.run_id, node=self.node_id, attempt=self.number,
-            max_attempts=self.policy.ceiling, trigger=self.trigger,  # type: ignore[arg-type]
-            prior_attempt=self.prior_attempt, profile=self.profile_name,
-            profile_digest=self.ctx.profile_digest(self.profile_name),
+        spec = self.spec
+        return AttemptContext.model_validate(dict(
+            run_id=self.ctx.run_id, node=spec.node_id, attempt=spec.number,
+            max_attempts=spec.policy.ceiling, trigger=spec.trigger,
+            prior_attempt=spec.prior_attempt, profile=spec.profile,
+            profile_digest=self.ctx.profile_digest(spec.profile),
             plan_prompt_digest=self.node.prompt_digest, prompt_digest=self._prompt_digest,
-            preamble_digest=self._preamble_digest, prior_failures=self._prior,
-            started_at=self.started, **outcome)  # type: ignore[arg-type]
+            preamble_digest=self._preamble_digest, prior_failures=list(spec.prior_failures),
+            started_at=self.started, **outcome))
 
     def _write_context(self, ctx: AttemptContext) -> None:
         data = (ctx.model_dump_json(indent=2) + "\n").encode()
-        target = self.dir / "attempt.json"
-        if ctx.outcome is None:  # the first write creates the file: nothing to replace
-            target.write_bytes(data)
-            return
-        replace_atomically(target, data)
+        replace_atomically(self.dir / "attempt.json", data)
 
-    def _start(self, *, prompt_digest: str, preamble: str | None,
-               prior: list[PriorFailure]) -> None:
+    def _start(self, *, prompt_digest: str, preamble: str | None) -> None:
         self._prompt_digest = prompt_digest
         self._preamble_digest = blake3_hex(preamble.encode()) if preamble else None
-        self._prior = prior
         self._write_context(self._context())
+        spec = self.spec
         self.ctx.ledger.append(AttemptStarted(
-            node=self.node_id, attempt=self.number, profile=self.profile_name,
-            trigger=self.trigger,  # type: ignore[arg-type]
-            prior_attempt=self.prior_attempt, prompt_digest=prompt_digest,
-            preamble_digest=self._preamble_digest))
-        self.o.history.append(AttemptRecord(attempt=self.number, profile=self.profile_name,
-                                            trigger=self.trigger))  # type: ignore[arg-type]
+            node=spec.node_id, attempt=spec.number, profile=spec.profile,
+            trigger=spec.trigger, prior_attempt=spec.prior_attempt,
+            prompt_digest=prompt_digest, preamble_digest=self._preamble_digest,
+            waited_s=spec.waited_s))
+        self._started = True
 
-    def _invoke(self, prompt: str) -> AttemptResult:
+    def _invoke(self, prompt: str) -> AttemptRecord:
         stdout = BoundedCapture(self.dir / "stdout.log")
         stderr = BoundedCapture(self.dir / "stderr.log")
-        ws = self.ctx.layout.workspace(self.node_id)
-        timeout = self.policy.timeout_s
+        ws = self.ctx.layout.workspace(self.spec.node_id)
+        timeout = self.spec.policy.timeout_s
         if self.ctx.settings.deadline_at is not None:
             timeout = max(0.001, min(timeout, self.ctx.settings.deadline_at - self.ctx.clock()))
         inv = Invocation(
-            run_id=self.ctx.run_id, node=self.node_id, attempt=self.number,
-            max_attempts=self.policy.ceiling, prompt=prompt,
-            prompt_file=self.dir / "prompt.md", workspace=ws, timeout_s=timeout,
-            env=self._env(ws), artifacts=tuple(self.node.artifacts), stdout=stdout,
-            stderr=stderr, cancel=self.ctx.cancel)
+            run_id=self.ctx.run_id, node=self.spec.node_id, attempt=self.spec.number,
+            max_attempts=self.spec.policy.ceiling, prompt=prompt,
+            prompt_file=(self.dir / "prompt.md").absolute(), workspace=ws.absolute(),
+            timeout_s=timeout, env=self._env(ws), artifacts=tuple(self.node.artifacts),
+            stdout=stdout, stderr=stderr, cancel=self.ctx.cancel)
         try:
-            agent = make_agent(self.ctx.manifest.agents[self.profile_name])
+            agent = make_agent(self.ctx.manifest.agents[self.spec.profile])
             exit_ = agent.run(inv)
         finally:
             stdout.close()
             stderr.close()
         failure, error = self._classify(exit_, stderr, timeout)
-        self._summary_hint = exit_.summary
+        self._summary_hint, self._retry_after = exit_.summary, exit_.retry_after_s
         acceptance = AcceptanceSummary()
+        digests: dict[str, str] = {}
         if failure not in (FailureClass.LAUNCH_ERROR, FailureClass.CANCELLED):
             acceptance = verify_artifacts(ws, list(self.node.artifacts),
                                           list(self.node.acceptance))
             if failure is None and acceptance.unsatisfied:
                 failure, error = FailureClass.ARTIFACT_CONTRACT, "\n".join(acceptance.unsatisfied)
+            if failure is None:
+                digests, problem = self.ctx.layout.artifact_digests(
+                    self.spec.node_id, [a.path for a in self.node.artifacts])
+                if problem:
+                    failure, error = FailureClass.ARTIFACT_CONTRACT, problem
         return self._finish(failure, exit_.exit_code, error, acceptance, stdout.total,
-                            stderr.total)
+                            stderr.total, digests)
 
     def _env(self, ws: Path) -> Mapping[str, str]:
         return {
-            "RUNTIME_RUN_ID": self.ctx.run_id, "RUNTIME_NODE": self.node_id,
-            "RUNTIME_ATTEMPT": str(self.number),
-            "RUNTIME_MAX_ATTEMPTS": str(self.policy.ceiling),
-            "RUNTIME_WORKSPACE": str(ws), "RUNTIME_PROMPT_FILE": str(self.dir / "prompt.md"),
-            "RUNTIME_ATTEMPT_CONTEXT": str(self.dir / "attempt.json"),
+            "RUNTIME_RUN_ID": self.ctx.run_id, "RUNTIME_NODE": self.spec.node_id,
+            "RUNTIME_ATTEMPT": str(self.spec.number),
+            "RUNTIME_MAX_ATTEMPTS": str(self.spec.policy.ceiling),
+            "RUNTIME_WORKSPACE": str(ws.absolute()),
+            "RUNTIME_PROMPT_FILE": str((self.dir / "prompt.md").absolute()),
+            "RUNTIME_ATTEMPT_CONTEXT": str((self.dir / "attempt.json").absolute()),
         }
 
     def _classify(self, exit_: AgentExit, stderr: BoundedCapture, timeout: float,
@@ -175,28 +233,33 @@ class Attempt:
 
     def _finish(self, failure: FailureClass | None, exit_code: int | None, error: str,
                 acceptance: AcceptanceSummary, out_bytes: int, err_bytes: int,
-                ) -> AttemptResult:
+                digests: dict[str, str]) -> AttemptRecord:
+        redactor = self.ctx.redactor
         finished = self.ctx.clock()
         duration = round(finished - self.started, 6)
-        clean = self.ctx.redactor.clean(error, ERROR_LIMIT) if error else ""
+        clean = redactor.clean(error, ERROR_LIMIT) if error else ""
         clean_acc = AcceptanceSummary(
             satisfied=acceptance.satisfied, unknown=acceptance.unknown,
-            unsatisfied=[self.ctx.redactor.clean(u, 1024) for u in acceptance.unsatisfied])
+            unsatisfied=[redactor.clean(u, 1024) for u in acceptance.unsatisfied])
         fp = fingerprint(failure, clean) if failure is not None else None
-        summary = summarize(self.ctx.redactor, getattr(self, "_summary_hint", None), clean) \
-            if failure is not None else ""
+        summary = summarize(redactor, self._summary_hint, clean) if failure is not None else ""
         outcome: Literal["succeeded"] | FailureClass = "succeeded" if failure is None else failure
+        retry_after = self._retry_after if failure is FailureClass.RATE_LIMITED else None
         self._write_context(self._context(
             outcome=outcome, failure_classes=[failure] if failure else [],
             exit_code=exit_code, error=clean, summary=summary, acceptance=clean_acc,
-            stdout_bytes=out_bytes,
-            stderr_bytes=err_bytes, finished_at=finished, duration_s=duration))
-        self.ctx.ledger.append(AttemptFinished(
-            node=self.node_id, attempt=self.number, outcome=outcome, exit_code=exit_code,
-            error=clean, summary=summary, fingerprint=fp, duration_s=duration),
-            sync=False)  # the next event, synced before anything acts on this one, covers it
-        self.o.history[-1] = self.o.history[-1].model_copy(update={
-            "outcome": outcome, "exit_code": exit_code, "error": clean, "summary": summary,
-            "fingerprint": fp,
-            "duration_s": duration})
-        return AttemptResult(outcome=failure, number=self.number)
+            stdout_bytes=out_bytes, stderr_bytes=err_bytes, finished_at=finished,
+            duration_s=duration))
+        event = AttemptFinished(
+            node=self.spec.node_id, attempt=self.spec.number, outcome=outcome,
+            exit_code=exit_code, error=clean, summary=summary, fingerprint=fp,
+            duration_s=duration, unsatisfied=clean_acc.unsatisfied, retry_after_s=retry_after,
+            artifacts=digests)
+        # A success is synced at once: it decides the node, whatever crash follows.
+        # A failure rides on the next synced event; lost, it folds as a lost attempt.
+        self.ctx.ledger.append(event, sync=failure is None)
+        return AttemptRecord(
+            attempt=self.spec.number, profile=self.spec.profile, trigger=self.spec.trigger,
+            outcome=outcome, exit_code=exit_code, error=clean, summary=summary,
+            fingerprint=fp, duration_s=duration, unsatisfied=clean_acc.unsatisfied,
+            retry_after_s=retry_after, waited_s=self.spec.waited_s, artifacts=digests)

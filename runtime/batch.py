@@ -24,6 +24,7 @@ from .files import replace_atomically
 from .ledger import Event, RunState
 from .overrides import parse_sets, split_set
 from .plan import CompiledPlan, plan_topology, write_plan
+from .policy import NodeOverrides
 from .records import RunSettings, read_attempt_context
 from .redact import Redactor
 from .run import Hooks, RunResult, default_run_id, resume_run, start_run
@@ -153,7 +154,7 @@ def _plan(path: Path, options: BatchOptions) -> CompiledPlan | BatchEntry:
 
 
 def _overrides(sets: Sequence[str], planned: dict[str, CompiledPlan | BatchEntry],
-               ) -> dict[str, dict[str, dict[str, Any]]]:
+               ) -> dict[str, dict[str, NodeOverrides]]:
     """Each topology's share of ``--set``; a node no topology has is a usage error."""
     plans = {src: p for src, p in planned.items() if isinstance(p, CompiledPlan)}
     for item in sets:
@@ -163,7 +164,7 @@ def _overrides(sets: Sequence[str], planned: dict[str, CompiledPlan | BatchEntry
     return {src: _sets_for(sets, p.manifest) for src, p in plans.items()}
 
 
-def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, dict[str, Any]],
+def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, NodeOverrides],
              batch_id: str, options: BatchOptions, progress: Progress,
              cancel: threading.Event) -> BatchEntry:
     if isinstance(plan, BatchEntry):
@@ -189,7 +190,7 @@ def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, d
     return entry_of(path, result)
 
 
-def _sets_for(sets: Sequence[str], manifest: Any) -> dict[str, dict[str, Any]]:
+def _sets_for(sets: Sequence[str], manifest: Any) -> dict[str, NodeOverrides]:
     """``--set`` items for nodes this topology has (others belong to other topologies)."""
     mine = [s for s in sets if _node_of(s) in (*manifest.nodes, "*")]
     return parse_sets(mine, manifest)

@@ -1,5 +1,5 @@
-"""What every attempt of a run shares (RunContext, the attempt budget) and what one
-node's attempts are governed by (NodePolicy), plus the small result types passed back."""
+"""What every attempt of a run shares (RunContext, the attempt budget), what one attempt
+is handed (AttemptSpec), and what a node's attempts come to (NodeOutcome)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from .digest import blake3_hex, canonical_json
 from .failures import FailureClass, NodeStatus
 from .ledger import Ledger
-from .plan import Manifest, PlanNode
-from .records import RunSettings
+from .plan import Manifest
+from .policy import NodePolicy
+from .records import PriorFailure, RunSettings
 from .redact import Redactor
 from .rundir import RunLayout
 
@@ -46,6 +48,19 @@ class RunContext:
     redactor: Redactor
     cancel: threading.Event = field(default_factory=threading.Event)
     clock: Callable[[], float] = time.time
+    # node -> {artifact path: blake3} of its accepted artifacts, from node.succeeded.
+    # Written by the scheduler before any dependent starts; read by the dependents.
+    accepted: dict[str, dict[str, str] | None] = field(default_factory=dict)
+
+    def accepted_inputs(self, node_id: str) -> dict[str, dict[str, str]]:
+        """Each upstream's accepted artifacts, as recorded when it succeeded (a run
+        recorded before digests existed: its declared paths, with no digest)."""
+        out = {}
+        for up in self.manifest.nodes[node_id].needs:
+            recorded = self.accepted.get(up)
+            out[up] = recorded if recorded is not None else {
+                a.path: "" for a in self.manifest.nodes[up].artifacts}
+        return out
 
     def profile_digest(self, name: str) -> str:
         return self._profile_digests[name]
@@ -57,58 +72,29 @@ class RunContext:
 
 
 @dataclass(frozen=True)
-class NodePolicy:
-    """A node's retry settings after ``--set`` overrides and ``--agent``/``--no-fallback``."""
+class AttemptSpec:
+    """Everything one attempt needs from its node's history, decided before it starts.
 
-    max_attempts: int
-    retry_on: frozenset[FailureClass]
-    retry_feedback: bool
-    backoff_s: float
-    timeout_s: float
-    feedback_max_bytes: int
-    primary: str
-    fallback: tuple[str, ...]
+    The attempt gets this and hands back an ``AttemptRecord``: it holds no reference to
+    the node's executor and never reads or changes the node's history.
+    """
 
-    @property
-    def ceiling(self) -> int:
-        return self.max_attempts + len(self.fallback)
-
-    def profile_for(self, charged: int) -> str:
-        if charged < self.max_attempts:
-            return self.primary
-        return self.fallback[min(charged - self.max_attempts, len(self.fallback) - 1)]
-
-
-def node_policy(node_id: str, node: PlanNode, settings: RunSettings) -> NodePolicy:
-    o = settings.overrides.get(node_id, {})
-    primary = settings.agent or node.agent
-    fallback = () if settings.no_fallback or settings.agent else tuple(node.fallback)
-    return NodePolicy(
-        max_attempts=int(o.get("max_attempts", node.max_attempts)),
-        retry_on=frozenset(FailureClass(c) for c in o.get("retry_on", node.retry_on)),
-        retry_feedback=bool(o.get("retry_feedback", node.retry_feedback)),
-        backoff_s=node.backoff_s,
-        timeout_s=node.timeout_s,
-        feedback_max_bytes=node.feedback_max_bytes,
-        primary=primary,
-        fallback=fallback,
-    )
-
-
-@dataclass(frozen=True)
-class AttemptResult:
-    outcome: FailureClass | None  # None: succeeded
-    number: int = 0
-    blocked: str | None = None  # why no attempt could start (budget, deadline, cancel)
-
-    @property
-    def succeeded(self) -> bool:
-        return self.outcome is None and self.blocked is None
+    node_id: str
+    number: int
+    profile: str
+    trigger: Literal["initial", "retry"]
+    prior_attempt: int | None
+    policy: NodePolicy
+    prior_failures: tuple[PriorFailure, ...] = ()
+    waited_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class NodeOutcome:
+    """How a node's attempts ended, for the scheduler to record."""
+
     status: NodeStatus  # SUCCEEDED, FAILED, or PENDING when the run was cancelled
     failure: FailureClass | None = None
     reason: str = ""
     attempts: int = 0
+    artifacts: dict[str, str] = field(default_factory=dict)  # path -> blake3, on success

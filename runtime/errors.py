@@ -5,10 +5,14 @@
     │   ├── TopologyError           a topology file with one or more Problems
     │   ├── TemplateError           a prompt template that cannot be planned
     │   ├── PlanFormatError         a plan directory or golden file that cannot be read
-    │   └── UsageError              a CLI argument that names nothing usable
+    │   ├── UsageError              a CLI argument that names nothing usable
+    │   └── InUseError              a run or batch another live process is writing
     └── ExecutionError              a run could not go on: CLI exit status 1
         ├── PlanIntegrityError      a plan or run directory that does not verify
-        └── LedgerError             a run directory whose ledger cannot be folded
+        ├── LedgerError             a run directory whose ledger cannot be folded
+        ├── RecordError             a run record (attempt.json) that cannot be read
+        └── FatalRunError           the run cannot record anything (disk full, I/O
+                                    error): agents stopped, resumable once fixed
 
 Errors carry their context as attributes (file, node, template, line) so callers can
 act on them; ``str(err)`` is the complete human message. Library errors (yaml, jinja2,
@@ -114,3 +118,31 @@ class LedgerError(ExecutionError):
     def __init__(self, path: str | Path, message: str) -> None:
         self.path = str(path)
         super().__init__(f"{self.path}: {message}")
+
+
+class InUseError(InputError):
+    """Another live process holds the run's (or batch's) lock: one writer per run."""
+
+    def __init__(self, what: str, pid: int | None) -> None:
+        self.what = what
+        self.pid = pid
+        holder = f"pid {pid}" if pid else "another process"
+        super().__init__(f"{what} is in use by {holder}; wait for it to finish (or stop it) "
+                         "and try again")
+
+
+class RecordError(ExecutionError):
+    """A run record that cannot be read (missing, not a regular file, too large, invalid)."""
+
+    def __init__(self, path: str | Path, message: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}")
+
+
+class FatalRunError(ExecutionError):
+    """The run can no longer write its records; it was stopped and stays resumable."""
+
+    def __init__(self, path: str | Path, message: str) -> None:
+        self.path = str(path)
+        super().__init__(f"{self.path}: {message}; the run was stopped and can be resumed "
+                         "with `runtime resume` once the cause is fixed")

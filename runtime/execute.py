@@ -1,22 +1,33 @@
-"""One node's attempts under its retry policy.
+"""One node's attempts under its policy: a plain loop over ``policy.next_step``.
 
-The retry loop is one ``tenacity.Retrying`` per node, built in ``_retrying``, iterated
-so each attempt writes its own ledger events (``attempt.py`` runs one attempt). Ceilings
-come only from the plan and the run settings (``max_attempts``, fallbacks, the run
-budget, the deadline); nothing an agent prints or writes can raise them.
+Each turn asks the pure policy what comes next (an attempt on some profile after some
+wait, or a stop), checks the run-level ceilings the policy does not own (cancellation,
+deadline, the run's attempt budget), hands the attempt a frozen ``AttemptSpec`` and
+appends the ``AttemptRecord`` it returns. Ceilings come only from the plan and the run
+settings; nothing an agent prints or writes can raise them.
 """
 
 from __future__ import annotations
 
-from tenacity import Retrying, retry_if_result, wait_fixed, wait_none
+from dataclasses import replace
 
-from .attempt import Attempt
-from .context import AttemptResult, NodeOutcome, RunContext, node_policy
+from .attempt import FATAL_ERRNOS, Attempt
+from .context import AttemptSpec, NodeOutcome, RunContext
+from .errors import FatalRunError
 from .failures import FailureClass, NodeStatus
-from .ledger import AttemptRecord, NodeState, charged_attempts, consecutive_lost
-from .records import PriorFailure, read_attempt_context
+from .ledger import AttemptRecord, NodeState
+from .policy import NodePolicy, Past, Run, Stop, StopReason, build_policy, next_step
+from .records import PriorFailure
 
-LOST_STREAK_LIMIT = 3
+STOP_STATUS = {StopReason.SUCCEEDED: NodeStatus.SUCCEEDED,
+               StopReason.CANCELLED: NodeStatus.PENDING}
+
+
+def policy_for(ctx: RunContext, node_id: str) -> NodePolicy:
+    """The node's policy under the run's settings."""
+    s = ctx.settings
+    return build_policy(ctx.manifest.nodes[node_id], s.overrides.get(node_id), agent=s.agent,
+                        no_fallback=s.no_fallback, skip_profiles=s.skip_profiles)
 
 
 class NodeExecutor:
@@ -25,114 +36,81 @@ class NodeExecutor:
     def __init__(self, ctx: RunContext, node_id: str, prior: NodeState) -> None:
         self.ctx = ctx
         self.node_id = node_id
-        self.node = ctx.manifest.nodes[node_id]
-        self.policy = node_policy(node_id, self.node, ctx.settings)
-        self.history: list[AttemptRecord] = list(prior.attempts)
-        self.stop_reason = ""
+        self.policy = policy_for(ctx, node_id)
+        self.history: list[AttemptRecord] = [a for a in prior.attempts if a.outcome is not None]
+        self._last_number = max((a.attempt for a in prior.attempts), default=0)
 
-    # -- bookkeeping ---------------------------------------------------------------
-    def charged(self) -> int:
-        return charged_attempts(self.history)
-
-    def _exhausted(self) -> str | None:
-        charged = self.charged()
-        if charged >= self.policy.ceiling:
-            return f"attempts exhausted ({charged} of {self.policy.ceiling})"
-        return None
-
-    def _blocked(self) -> str | None:
-        if self.ctx.cancel.is_set():
-            return "cancelled"
-        if (exhausted := self._exhausted()) is not None:
-            return exhausted
-        if consecutive_lost(self.history) >= LOST_STREAK_LIMIT:
-            return f"lost {LOST_STREAK_LIMIT} times in a row"
-        deadline = self.ctx.settings.deadline_at
-        if deadline is not None and self.ctx.clock() >= deadline:
-            return "run deadline passed"
-        if not self.ctx.budget.take():
-            return f"run attempt budget exhausted ({self.ctx.budget.limit} attempts)"
-        return None
-
-    def _should_retry(self, result: AttemptResult) -> bool:
-        if result.blocked is not None or result.outcome is None:
-            return False
-        cls = result.outcome
-        if not cls.is_retryable() or cls is FailureClass.CANCELLED:
-            self.stop_reason = f"{cls.value} is never retried"
-            return False
-        if cls.is_charged() and cls not in self.policy.retry_on:
-            self.stop_reason = f"{cls.value} is not in retry_on"
-            return False
-        if self._same_failure_despite_feedback(result):
-            self.stop_reason = ("the same failure repeated despite retry feedback; "
-                                "stopped so it does not burn the remaining attempts")
-            return False
-        if (exhausted := self._exhausted()) is not None:
-            self.stop_reason = exhausted
-            return False
-        return True
-
-    def _same_failure_despite_feedback(self, result: AttemptResult) -> bool:
-        """Attempt k got feedback about attempt k-1 and failed the same way anyway."""
-        charged = [a for a in self.history if a.outcome not in (None, "succeeded")
-                   and FailureClass(a.outcome).is_charged()]
-        if not self.policy.retry_feedback or len(charged) < 2:
-            return False
-        current, previous = charged[-1], charged[-2]
-        return current.attempt == result.number and current.fingerprint is not None \
-            and current.trigger == "retry" and current.fingerprint == previous.fingerprint
-
-    def _retrying(self) -> Retrying:
-        backoff = self.policy.backoff_s
-        return Retrying(
-            stop=lambda _state: False,  # _should_retry owns every ceiling
-            retry=retry_if_result(self._should_retry),
-            wait=wait_fixed(backoff) if backoff > 0 else wait_none(),
-            sleep=self._sleep,
-            reraise=True,
-        )
-
-    def _sleep(self, seconds: float) -> None:
-        self.ctx.cancel.wait(seconds)  # a backoff wait ends early on Ctrl-C
-
-    # -- the loop ------------------------------------------------------------------
     def run(self) -> NodeOutcome:
-        result = AttemptResult(outcome=None, blocked="no attempt made")
-        for attempt in self._retrying():
-            with attempt:
-                result = self.attempt_once()
-            if not attempt.retry_state.outcome or not attempt.retry_state.outcome.failed:
-                attempt.retry_state.set_result(result)
-        return self._outcome(result)
+        while True:
+            step = next_step(self.policy, [_past(r) for r in self.history],
+                             next_number=self._last_number + 1)
+            if isinstance(step, Stop):
+                return self._outcome(step)
+            blocked = self._blocked(step)
+            if blocked is not None:
+                return self._outcome(blocked)
+            try:
+                number = self.ctx.layout.claim_attempt(self.node_id, step.number)
+            except OSError as exc:
+                if exc.errno in FATAL_ERRNOS:
+                    raise FatalRunError(self.ctx.layout.node_dir(self.node_id),
+                                        f"cannot create an attempt directory: {exc.strerror}"
+                                        ) from None
+                return NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
+                                   f"cannot create an attempt directory: {exc}",
+                                   len(self.history))
+            record = Attempt(self.ctx, self._spec(replace(step, number=number))).run()
+            self._last_number = record.attempt
+            self.history.append(record)
 
-    def _outcome(self, result: AttemptResult) -> NodeOutcome:
+    def _blocked(self, step: Run) -> Stop | None:
+        """The run-level ceilings: cancellation, the deadline, the attempt budget."""
+        if self.ctx.cancel.is_set():
+            return Stop(StopReason.CANCELLED, "cancelled")
+        deadline = self.ctx.settings.deadline_at
+        if step.wait_s > 0:
+            if deadline is not None and self.ctx.clock() + step.wait_s >= deadline:
+                return Stop(StopReason.DEADLINE, "run deadline passed", self._last_failure())
+            if self.ctx.cancel.wait(step.wait_s):  # a wait ends early on Ctrl-C
+                return Stop(StopReason.CANCELLED, "cancelled")
+        if deadline is not None and self.ctx.clock() >= deadline:
+            return Stop(StopReason.DEADLINE, "run deadline passed", self._last_failure())
+        if not self.ctx.budget.take():
+            return Stop(StopReason.BUDGET, f"run attempt budget exhausted "
+                        f"({self.ctx.budget.limit} attempts)", self._last_failure())
+        return None
+
+    def _spec(self, step: Run) -> AttemptSpec:
+        last = self.history[-1] if self.history else None
+        return AttemptSpec(
+            node_id=self.node_id, number=step.number, profile=step.profile,
+            trigger="retry" if last is not None else "initial",
+            prior_attempt=last.attempt if last is not None else None, policy=self.policy,
+            prior_failures=tuple(self._prior_failures()) if last is not None else (),
+            waited_s=step.wait_s if last is not None
+            and last.outcome is FailureClass.RATE_LIMITED else 0.0)
+
+    def _last_failure(self) -> FailureClass | None:
+        for rec in reversed(self.history):
+            if rec.outcome not in (None, "succeeded", FailureClass.LOST):
+                return FailureClass(rec.outcome)
+        return None
+
+    def _outcome(self, stop: Stop) -> NodeOutcome:
         count = len(self.history)
-        if result.succeeded:
-            return NodeOutcome(NodeStatus.SUCCEEDED, attempts=count)
-        if result.blocked == "cancelled" or result.outcome is FailureClass.CANCELLED:
-            return NodeOutcome(NodeStatus.PENDING, FailureClass.CANCELLED, "cancelled", count)
-        last = next((a for a in reversed(self.history) if a.outcome not in (None, "succeeded")),
-                    None)
-        failure = FailureClass(last.outcome) if last and last.outcome else None
-        reason = result.blocked or self.stop_reason or "failed"
-        return NodeOutcome(NodeStatus.FAILED, failure, reason, count)
+        status = STOP_STATUS.get(stop.reason, NodeStatus.FAILED)
+        if stop.reason is StopReason.DEADLINE and not self.history:
+            return NodeOutcome(NodeStatus.SKIPPED, None, stop.detail, 0)  # never started
+        if status is NodeStatus.PENDING:
+            return NodeOutcome(status, FailureClass.CANCELLED, stop.detail, count)
+        if status is NodeStatus.SUCCEEDED:
+            return NodeOutcome(status, attempts=count,
+                               artifacts=dict(self.history[-1].artifacts))
+        return NodeOutcome(status, stop.failure, stop.detail, count)
 
-    def attempt_once(self) -> AttemptResult:
-        if (blocked := self._blocked()) is not None:
-            return AttemptResult(outcome=None, blocked=blocked)
-        return Attempt(self, self._next_number()).run()
-
-    def _next_number(self) -> int:
-        """Attempt numbers never repeat: a crash can leave an attempt directory whose
-        ``attempt.started`` never reached the ledger, so existing directories count too."""
-        root = self.ctx.layout.node_dir(self.node_id) / "attempts"
-        on_disk = [int(p.name) for p in root.iterdir() if p.name.isdigit()] \
-            if root.is_dir() else []
-        return max([a.attempt for a in self.history] + on_disk, default=0) + 1
-
-    def prior_failures(self) -> list[PriorFailure]:
-        """Distinct prior failures, newest first, deduplicated by fingerprint."""
+    def _prior_failures(self) -> list[PriorFailure]:
+        """Distinct prior failures, newest first, deduplicated by fingerprint; all from
+        the ledger (an agent can write attempt.json, never the ledger)."""
         seen: set[str] = set()
         out = []
         for rec in reversed(self.history):
@@ -143,10 +121,15 @@ class NodeExecutor:
             if rec.fingerprint in seen:
                 continue
             seen.add(rec.fingerprint)
-            ctx = read_attempt_context(self.ctx.layout.attempt_dir(self.node_id, rec.attempt))
             out.append(PriorFailure(
                 attempt=rec.attempt, failure_class=FailureClass(rec.outcome),
-                exit_code=rec.exit_code,
-                unsatisfied=list(ctx.acceptance.unsatisfied) if ctx else [],
-                error=rec.error, fingerprint=rec.fingerprint))
+                exit_code=rec.exit_code, unsatisfied=list(rec.unsatisfied), error=rec.error,
+                fingerprint=rec.fingerprint))
         return out
+
+
+def _past(rec: AttemptRecord) -> Past:
+    outcome = None if rec.outcome == "succeeded" else FailureClass(str(rec.outcome))
+    return Past(attempt=rec.attempt, profile=rec.profile, outcome=outcome,
+                fingerprint=rec.fingerprint, retry_after_s=rec.retry_after_s,
+                waited_s=rec.waited_s)

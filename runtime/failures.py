@@ -31,9 +31,10 @@ class FailureClass(StrEnum):
         return self is not FailureClass.DIGEST_MISMATCH
 
     def is_charged(self) -> bool:
-        """Lost and cancelled attempts say nothing about the work: they do not count
-        against the node's ``max_attempts`` (they do count against the run budget)."""
-        return self not in (FailureClass.LOST, FailureClass.CANCELLED)
+        """Lost and cancelled attempts say nothing about the work, and a rate-limited one
+        waits within its own allowance: none counts against the node's ``max_attempts``
+        (each counts against the run budget)."""
+        return self not in (FailureClass.LOST, FailureClass.CANCELLED, FailureClass.RATE_LIMITED)
 
     def ends_profile(self) -> bool:
         """Never retried on the same profile: the node moves to its next fallback at once

@@ -4,6 +4,7 @@ and the one check that a path from a topology or an agent stays inside its root.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from pathlib import Path
 
@@ -33,3 +34,37 @@ def within(root: str | Path, path: str | Path) -> str | None:
     real_root = os.path.realpath(root)
     real = os.path.realpath(os.path.join(real_root, path))
     return real if os.path.commonpath([real, real_root]) == real_root else None
+
+
+class UnsafeFileError(OSError):
+    """A file an agent could have planted is not a plain regular file, or too large."""
+
+
+def open_no_follow(path: str | Path, dir_fd: int | None = None) -> int:
+    """Open a regular file read-only without following a symlink in its last component;
+    refuse FIFOs, devices and directories (an agent may plant any of them)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                 dir_fd=dir_fd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafeFileError(f"{path}: not a regular file")
+    return fd
+
+
+def read_capped(path: str | Path, limit: int, dir_fd: int | None = None) -> bytes:
+    """Read a regular file that is at most ``limit`` bytes, without following links."""
+    fd = open_no_follow(path, dir_fd)
+    try:
+        size = os.fstat(fd).st_size
+        if size > limit:
+            raise UnsafeFileError(f"{path}: {size} bytes, more than the {limit} allowed")
+        chunks, total = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - total)):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:  # grew after fstat
+                raise UnsafeFileError(f"{path}: more than the {limit} bytes allowed")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)

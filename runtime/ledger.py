@@ -56,6 +56,7 @@ class AttemptStarted(_Event):
     prior_attempt: int | None = None
     prompt_digest: str
     preamble_digest: str | None = None
+    waited_s: float = Field(default=0.0, description="Rate-limit wait before this attempt.")
 
 
 class AttemptFinished(_Event):
@@ -69,12 +70,21 @@ class AttemptFinished(_Event):
                          "reason as its adapter recognised it, else the error's first line.")
     fingerprint: str | None = None
     duration_s: float = 0.0
+    unsatisfied: list[str] = Field(default_factory=list, description="Redacted unsatisfied "
+                                   "artifact checks (the retry preamble names them).")
+    retry_after_s: float | None = Field(default=None, description="rate_limited: the wait "
+                                        "the provider asked for.")
+    artifacts: dict[str, str] = Field(default_factory=dict, description="succeeded: each "
+                                      "accepted artifact's workspace path -> blake3 digest.")
 
 
 class NodeSucceeded(_Event):
     event: Literal["node.succeeded"] = "node.succeeded"
     node: str
     attempts: int
+    artifacts: dict[str, str] | None = Field(
+        default=None, description="Each accepted artifact's path -> blake3; downstream inputs "
+        "are checked against it (None: written by a runtime that did not record them).")
 
 
 class NodeFailed(_Event):
@@ -87,7 +97,10 @@ class NodeFailed(_Event):
 class NodeSkipped(_Event):
     event: Literal["node.skipped"] = "node.skipped"
     node: str
-    failed_ancestor: str
+    failed_ancestor: str | None = Field(default=None, description="The failed (or skipped) "
+                                        "upstream node that blocks this one.")
+    reason: str = Field(default="", description="Why, when no ancestor failed (e.g. the run "
+                        "deadline passed before the node started).")
 
 
 class RunFinished(_Event):
@@ -213,6 +226,10 @@ class AttemptRecord(BaseModel):
     summary: str = ""
     fingerprint: str | None = None
     duration_s: float | None = None
+    unsatisfied: list[str] = []
+    retry_after_s: float | None = None
+    waited_s: float = 0.0
+    artifacts: dict[str, str] = {}
 
 
 def charged_attempts(attempts: Iterable[AttemptRecord]) -> int:
@@ -239,6 +256,7 @@ class NodeState(BaseModel):
     failure: FailureClass | None = None
     reason: str | None = None
     failed_ancestor: str | None = None
+    artifacts: dict[str, str] | None = None
 
     @property
     def charged(self) -> int:
@@ -296,23 +314,26 @@ class Folder:
                 self.used += 1
                 nodes[ev.node]["status"] = NodeStatus.RUNNING
                 nodes[ev.node]["attempts"].append(
-                    {"attempt": ev.attempt, "profile": ev.profile, "trigger": ev.trigger})
+                    {"attempt": ev.attempt, "profile": ev.profile, "trigger": ev.trigger,
+                     "waited_s": ev.waited_s})
             case AttemptFinished():
                 for rec in nodes[ev.node]["attempts"]:
                     if rec["attempt"] == ev.attempt:
                         rec.update(outcome=ev.outcome, exit_code=ev.exit_code, error=ev.error,
-                                   summary=ev.summary,
+                                   summary=ev.summary, unsatisfied=ev.unsatisfied,
+                                   retry_after_s=ev.retry_after_s, artifacts=ev.artifacts,
                                    fingerprint=ev.fingerprint, duration_s=ev.duration_s)
                 if nodes[ev.node]["status"] is NodeStatus.RUNNING:
                     nodes[ev.node]["status"] = NodeStatus.PENDING
             case NodeSucceeded():
-                nodes[ev.node]["status"] = NodeStatus.SUCCEEDED
+                nodes[ev.node].update(status=NodeStatus.SUCCEEDED, artifacts=ev.artifacts)
             case NodeFailed():
                 nodes[ev.node].update(status=NodeStatus.FAILED, failure=ev.failure,
                                       reason=ev.reason)
             case NodeSkipped():
                 nodes[ev.node].update(status=NodeStatus.SKIPPED,
-                                      failed_ancestor=ev.failed_ancestor)
+                                      failed_ancestor=ev.failed_ancestor,
+                                      reason=ev.reason or None)
             case RunFinished():
                 self.status = ev.status
 

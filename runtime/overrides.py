@@ -8,6 +8,7 @@ from typing import Any
 from .errors import UsageError
 from .failures import FailureClass
 from .plan import Manifest
+from .policy import NodeOverrides
 from .records import RETRY_FIELDS
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -23,6 +24,16 @@ def _value(field: str, raw: str, where: str) -> Any:
         if raw.lower() not in _TRUE | _FALSE:
             raise UsageError(f"{where}: retry_feedback takes true or false")
         return raw.lower() in _TRUE
+    if field in ("timeout_s", "rate_limit_wait_s"):
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = float("nan")
+        low = 0 if field == "rate_limit_wait_s" else 0.001
+        if not low <= seconds <= 7 * 24 * 3600:  # NaN fails both comparisons
+            raise UsageError(f"{where}: {field} takes seconds, a number from {low:g} to "
+                             f"{7 * 24 * 3600}")
+        return seconds
     classes = [c.strip() for c in raw.split(",") if c.strip()]
     valid = {c.value for c in FailureClass}
     bad = [c for c in classes if c not in valid]
@@ -39,7 +50,7 @@ def split_set(item: str) -> tuple[str, str, str] | None:
     return (node, field, raw) if sep and dot else None
 
 
-def parse_sets(sets: Sequence[str], manifest: Manifest) -> dict[str, dict[str, Any]]:
+def parse_sets(sets: Sequence[str], manifest: Manifest) -> dict[str, NodeOverrides]:
     """Parse every ``--set``; ``*`` applies to all nodes. Errors name the flag."""
     out: dict[str, dict[str, Any]] = {}
     for item in sets:
@@ -58,4 +69,4 @@ def parse_sets(sets: Sequence[str], manifest: Manifest) -> dict[str, dict[str, A
         value = _value(field, raw, where)
         for target in targets:
             out.setdefault(target, {})[field] = value
-    return out
+    return {node: NodeOverrides.model_validate(values) for node, values in out.items()}

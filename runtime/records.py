@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .contract import AcceptanceSummary
+from .errors import RecordError
 from .failures import FailureClass
+from .files import read_capped
+from .policy import NodeOverrides
 
-RETRY_FIELDS = ("max_attempts", "retry_feedback", "retry_on")
+ATTEMPT_JSON_MAX = 4 * 1024 * 1024
+RETRY_FIELDS = ("max_attempts", "retry_feedback", "retry_on", "timeout_s", "rate_limit_wait_s")
 
 
 class RunSettings(BaseModel):
@@ -24,9 +28,15 @@ class RunSettings(BaseModel):
     jobs: int = Field(default=1, ge=1, le=256)
     max_total_attempts: int | None = Field(default=None, ge=1)
     deadline_at: float | None = Field(default=None, description="Unix time; none: no limit.")
-    overrides: dict[str, dict[str, Any]] = Field(
+    overrides: dict[str, NodeOverrides] = Field(
         default_factory=dict, description="--set NODE.field=value retry overrides.")
-    operator_prompt: str | None = None
+    skip_profiles: list[str] = Field(
+        default_factory=list, description="Profiles that failed pre-flight: their nodes "
+        "start on their next fallback.")
+    # The operator prompt is trusted text but may hold anything (a token, a host name):
+    # the ledger and state.json record its digest; the text lives in operator-prompt.md.
+    operator_prompt: str | None = Field(default=None, exclude=True)
+    operator_prompt_digest: str | None = None
 
 
 class PriorFailure(BaseModel):
@@ -77,10 +87,12 @@ class AttemptContext(BaseModel):
     duration_s: float | None = None
 
 
-def read_attempt_context(attempt_dir: Path) -> AttemptContext | None:
-    """``attempts/<n>/attempt.json``, or None when missing or unreadable (a crash can
-    leave an attempt directory without one)."""
+def read_attempt_context(attempt_dir: Path) -> AttemptContext:
+    """``attempts/<n>/attempt.json``; a missing or unreadable file is an error naming it
+    (read without following links, size-capped: an agent may have planted either)."""
+    path = attempt_dir / "attempt.json"
     try:
-        return AttemptContext.model_validate_json((attempt_dir / "attempt.json").read_bytes())
-    except (OSError, ValueError):
-        return None
+        data = read_capped(path, ATTEMPT_JSON_MAX)
+        return AttemptContext.model_validate_json(data)
+    except (OSError, ValueError) as exc:
+        raise RecordError(path, f"unreadable attempt record: {exc}") from None

@@ -3,17 +3,21 @@ workspace operations done before every attempt (empty it; place upstream inputs)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import shutil
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from .digest import blake3_hex
 from .errors import UsageError
-from .files import READ_ONLY, within
+from .files import open_no_follow, read_capped, write_read_only
 
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+ATTEMPT_NAME = re.compile(r"^[0-9]{1,9}\Z")
+INPUT_MAX_BYTES = 1 << 30
 
 
 def check_run_id(run_id: str) -> str:
@@ -51,9 +55,30 @@ class RunLayout:
     def attempt_dir(self, node: str, attempt: int) -> Path:
         return self.node_dir(node) / "attempts" / str(attempt)
 
+    def claim_attempt(self, node: str, at_least: int) -> int:
+        """Create the next attempt directory and return its number: at least
+        ``at_least``, above every number already on disk. A crash can leave a directory
+        whose ``attempt.started`` never reached the ledger; numbers never repeat. Only
+        names of ASCII digits count (an agent may have created ``²`` or ``1e9``)."""
+        root = self.node_dir(node) / "attempts"
+        root.mkdir(parents=True, exist_ok=True)  # an agent may have removed it
+        with os.scandir(root) as entries:
+            on_disk = [int(e.name) for e in entries if ATTEMPT_NAME.match(e.name)]
+        number = max([at_least - 1, *on_disk]) + 1
+        while True:
+            try:
+                os.mkdir(root / str(number))
+                return number
+            except FileExistsError:
+                number += 1
+
     def reset_workspace(self, node: str) -> Path:
-        """Empty the workspace: a retry must not resume the broken state it left."""
+        """Empty the workspace: a retry must not resume the broken state it left. Works
+        on any tree an agent can leave: deep nesting, read-only directories, symlinks
+        (never followed), FIFOs."""
         ws = self.workspace(node)
+        if os.path.islink(ws) or (os.path.lexists(ws) and not os.path.isdir(ws)):
+            os.unlink(ws)
         try:
             with os.scandir(ws) as entries:
                 empty = next(entries, None) is None
@@ -61,34 +86,99 @@ class RunLayout:
             ws.mkdir(parents=True)
             return ws
         if not empty:  # creating directories is slow on some file systems: skip if clean
-            shutil.rmtree(ws, onerror=_make_writable_and_retry)
+            remove_tree(ws)
             ws.mkdir()
         return ws
 
-    def place_inputs(self, node: str, upstream: dict[str, list[str]]) -> list[str]:
-        """Copy each upstream node's declared artifacts, read-only, to
-        ``workspace/inputs/<upstream>/<path>``; return the relative paths placed."""
+    def place_inputs(self, node: str, upstream: Mapping[str, Mapping[str, str]]) -> list[str]:
+        """Copy each upstream node's accepted artifacts, read-only, to
+        ``workspace/inputs/<upstream>/<path>``, each re-hashed against the digest
+        recorded when the upstream succeeded (an empty digest: recorded by an older
+        runtime, copied unchecked); return the relative paths placed.
+
+        Raises:
+            InputMismatch: an artifact is gone or no longer hashes to its record.
+        """
         ws = self.workspace(node)
         placed = []
-        for up, paths in upstream.items():
-            for rel in paths:
-                src = within(self.workspace(up), rel)
-                if src is None or not os.path.isfile(src):
-                    continue  # optional and absent, or refused by the upstream contract
+        for up, accepted in upstream.items():
+            for rel, digest in sorted(accepted.items()):
+                src = self.workspace(up) / rel
+                if not digest and not os.path.lexists(src):
+                    continue  # unrecorded (older run) and optional: nothing to place
+                try:
+                    data = read_capped(src, INPUT_MAX_BYTES) if _no_links(self.workspace(up),
+                                                                         rel) else None
+                except OSError:
+                    data = None
+                if data is None:
+                    raise InputMismatch(f"input {up}/{rel}: the accepted artifact is gone or "
+                                        "replaced by a link or special file")
+                actual = blake3_hex(data)
+                if digest and actual != digest:
+                    raise InputMismatch(f"input {up}/{rel}: hashes to {actual}, accepted as "
+                                        f"{digest}: changed after {up} succeeded")
                 dst = ws / "inputs" / up / rel
                 dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dst)
-                os.chmod(dst, READ_ONLY)
+                write_read_only(dst, data)  # a copy, never a link
                 placed.append(f"inputs/{up}/{rel}")
         return placed
 
+    def artifact_digests(self, node: str, paths: list[str]) -> tuple[dict[str, str], str]:
+        """blake3 of each present declared artifact, read without following links; a
+        problem when one is a link, a special file or hard-linked from elsewhere."""
+        ws = self.workspace(node)
+        out: dict[str, str] = {}
+        for rel in paths:
+            if not os.path.lexists(ws / rel):
+                continue  # optional and absent: the contract already decided
+            if not _no_links(ws, rel):
+                return {}, f"{rel}: a symlink; artifacts must be regular files"
+            try:
+                fd = open_no_follow(ws / rel)
+            except OSError as exc:
+                return {}, f"{rel}: {exc.strerror or exc}"
+            try:
+                if os.fstat(fd).st_nlink > 1:
+                    return {}, (f"{rel}: hard-linked ({os.fstat(fd).st_nlink} links); an "
+                                "artifact must be a file the agent wrote")
+            finally:
+                os.close(fd)
+            out[rel] = blake3_hex(read_capped(ws / rel, INPUT_MAX_BYTES))
+        return out, ""
 
-def _make_writable_and_retry(func: object, path: str, exc_info: object) -> None:
-    """Inputs are read-only (and an agent may chmod things): make writable, retry once."""
-    parent = os.path.dirname(path)
-    os.chmod(parent, os.stat(parent).st_mode | stat.S_IWUSR | stat.S_IXUSR)
-    if os.path.isdir(path) and not os.path.islink(path):
-        os.chmod(path, stat.S_IRWXU)
-        shutil.rmtree(path, onerror=_make_writable_and_retry)
-    else:
-        os.unlink(path)
+
+class InputMismatch(Exception):
+    """An upstream artifact no longer matches what was accepted."""
+
+
+def _no_links(root: Path, rel: str) -> bool:
+    """No component of ``root/rel`` below ``root`` is a symlink."""
+    path = root
+    for part in Path(rel).parts:
+        path = path / part
+        if os.path.islink(path):
+            return False
+    return True
+
+
+def remove_tree(root: Path) -> None:
+    """Delete ``root`` and everything below it, iteratively (an agent can nest deeper
+    than Python's recursion limit), never following a symlink, making read-only
+    directories writable as it goes."""
+    stack = [str(root)]
+    while stack:
+        top = stack[-1]
+        with contextlib.suppress(OSError):
+            os.chmod(top, stat.S_IRWXU)
+        pushed = False
+        with os.scandir(top) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                    pushed = True
+                else:
+                    os.unlink(entry.path)
+        if not pushed:
+            os.rmdir(top)
+            stack.pop()

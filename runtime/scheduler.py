@@ -17,8 +17,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 import networkx as nx
 
 from .context import NodeOutcome, RunContext
+from .errors import FatalRunError
 from .execute import NodeExecutor
-from .failures import NodeStatus, RunStatus
+from .failures import FailureClass, NodeStatus, RunStatus
 from .ledger import Folder, NodeFailed, NodeSkipped, NodeSucceeded, RunFinished, RunState
 from .ledger import write_state as _write_state
 
@@ -44,6 +45,9 @@ class Scheduler:
         self.ready = sorted((n for n in self.order if self.waiting_on[n] == 0
                              and self.status[n] is NodeStatus.PENDING), key=rank.__getitem__)
         self._rank = rank
+        ctx.accepted.update({n: s.artifacts for n, s in state.nodes.items()
+                             if s.status is NodeStatus.SUCCEEDED})
+        self._fatal: FatalRunError | None = None
 
     def _ready(self) -> list[str]:
         return [n for n in self.ready if self.status[n] is NodeStatus.PENDING]
@@ -54,17 +58,18 @@ class Scheduler:
             if self.waiting_on[child] == 0 and self.status[child] is NodeStatus.PENDING:
                 bisect.insort(self.ready, child, key=self._rank.__getitem__)
 
-    def _skip_descendants(self, failed: str) -> None:
+    def _skip_descendants(self, failed: str, reason: str = "") -> None:
         below = nx.descendants(self.graph, failed)
         for nid in self.order:
             if nid in below and not self.status[nid].is_terminal():
                 self.status[nid] = NodeStatus.SKIPPED
-                self.ctx.ledger.append(NodeSkipped(node=nid, failed_ancestor=failed))
+                self.ctx.ledger.append(NodeSkipped(node=nid, failed_ancestor=failed,
+                                                   reason=reason))
 
     def _skip_blocked_at_start(self) -> None:
         """On resume, pending nodes below an already failed or skipped node are skipped."""
         for nid in self.order:
-            if self.status[nid] is NodeStatus.FAILED:
+            if self.status[nid] in (NodeStatus.FAILED, NodeStatus.SKIPPED):
                 self._skip_descendants(nid)
 
     def run(self) -> RunStatus:
@@ -82,15 +87,43 @@ class Scheduler:
                     log.warning("interrupted: stopping agents; the run stays resumable")
                     self.ctx.cancel.set()
                     continue
-                finished = [(running.pop(fut), fut.result()) for fut in done]
+                finished = [(running.pop(fut), self._result(fut)) for fut in done]
                 # Free workers take nodes that were already ready before the finished ones
                 # are settled: node.succeeded must be durable before a *dependent* starts,
                 # not before unrelated work does, and its fsync need not idle a worker.
                 self._launch(pool, running)
                 for nid, outcome in finished:
-                    self._settle(nid, outcome)
+                    if outcome is not None:
+                        self._settle(nid, outcome)
                 self._maybe_write_state()
+        if self._fatal is not None:
+            self._finish_after_fatal()
+            raise self._fatal
         return self._finish()
+
+    def _result(self, fut: Future[NodeOutcome]) -> NodeOutcome | None:
+        """A node's outcome. A fatal error (the run cannot record anything) stops the run:
+        every agent is cancelled, and the node stays resumable. Any other exception is a
+        bug that stays at its node: recorded as a launch_error, the rest goes on."""
+        try:
+            return fut.result()
+        except FatalRunError as exc:
+            log.error("%s", exc)
+            self._fatal = self._fatal or exc
+            self.ctx.cancel.set()
+            return None
+        except Exception as exc:
+            log.exception("node executor failed")
+            return NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
+                               f"runtime error: {type(exc).__name__}: {exc}")
+
+    def _finish_after_fatal(self) -> None:
+        """Best effort: the ledger may not accept writes any more; it stays resumable."""
+        try:
+            self.ctx.ledger.append(RunFinished(status=RunStatus.CANCELLED, counts={}))
+            self.write_state()
+        except Exception:  # noqa: BLE001 - already failing for a reason the user sees
+            log.warning("could not record run.finished after the fatal error")
 
     def _launch(self, pool: ThreadPoolExecutor, running: dict[Future[NodeOutcome], str],
                 ) -> None:
@@ -107,8 +140,13 @@ class Scheduler:
     def _settle(self, nid: str, outcome: NodeOutcome) -> None:
         self.status[nid] = outcome.status
         if outcome.status is NodeStatus.SUCCEEDED:
-            self.ctx.ledger.append(NodeSucceeded(node=nid, attempts=outcome.attempts))
+            self.ctx.ledger.append(NodeSucceeded(node=nid, attempts=outcome.attempts,
+                                                 artifacts=outcome.artifacts))
+            self.ctx.accepted[nid] = outcome.artifacts
             self._release(nid)
+        elif outcome.status is NodeStatus.SKIPPED:  # never started: the deadline passed
+            self.ctx.ledger.append(NodeSkipped(node=nid, reason=outcome.reason))
+            self._skip_descendants(nid, outcome.reason)
         elif outcome.status is NodeStatus.FAILED:
             self.ctx.ledger.append(NodeFailed(node=nid, failure=outcome.failure,
                                               reason=outcome.reason))

@@ -218,7 +218,8 @@ def test_run_plan_directory(project: Project, capsys: pytest.CaptureFixture[str]
 @pytest.mark.parametrize(("extra", "message"), [
     (["--agent", "gpt"], "--agent gpt: no such profile in the plan; known: flaky, sim, simulated"),
     (["--set", "zz.max_attempts=2"], "--set zz.max_attempts=2: no node 'zz' in the plan"),
-    (["--set", "a.timeout_s=2"], "'timeout_s' cannot be set per run; settable: max_attempts"),
+    (["--set", "a.backoff_s=2"], "'backoff_s' cannot be set per run; settable: max_attempts"),
+        (["--set", "a.timeout_s=nan"], "timeout_s takes seconds"),
     (["--set", "a.max_attempts=0"], "max_attempts takes a whole number from 1 to 20"),
     (["--set", "a.retry_feedback=maybe"], "retry_feedback takes true or false"),
     (["--set", "a.retry_on=flaky"], "unknown failure class 'flaky'"),

@@ -46,7 +46,7 @@ class PythonAgent:
 def _call(func: Callable[[Invocation], Any], inv: Invocation, box: list[AgentExit]) -> None:
     try:
         result = func(inv)
-    except Exception as exc:  # the agent's bug is the agent's failure, not ours
+    except Exception as exc:  # noqa: BLE001 - the agent's bug is the agent's failure, not ours
         inv.stderr.write("".join(traceback.format_exception_only(type(exc), exc)))
         box.append(AgentExit(exit_code=1))
         return
