@@ -27,7 +27,13 @@ from .errors import PlanFormatError
 from .failures import FailureClass
 from .files import write_read_only
 from .profiles import BUILTIN_PROFILES, AgentProfile
-from .render import Renderer, node_context
+from .render import (
+    RENDER_MAX_BYTES,
+    RENDER_TIMEOUT_S,
+    Renderer,
+    RenderLimits,
+    node_context,
+)
 from .topology import ArtifactSpec, Topology
 
 if TYPE_CHECKING:
@@ -121,6 +127,9 @@ def compile_plan(topo: Topology, renderer: Renderer) -> CompiledPlan:
     by_id = {n.id: n for n in topo.nodes}
     dumped = topo.model_dump(mode="json", by_alias=True)
     defaults = dumped["defaults"]
+    for key in RENDER_LIMIT_KEYS:  # unset: not in the digest (shipped digests unchanged)
+        if defaults[key] is None:
+            del defaults[key]
     prompts: dict[str, bytes] = {}
     nodes: dict[str, dict[str, Any]] = {}
     for node, raw in zip(topo.nodes, dumped["nodes"], strict=True):
@@ -214,7 +223,18 @@ def plan_topology(path: Path, prompts_root: Path, overrides: dict[str, str] | No
 
     with _collector_paused():
         topo = load_topology(path, prompts_root, overrides)
-        return compile_plan(topo, Renderer(prompts_root))
+        return compile_plan(topo, Renderer(prompts_root, render_limits(topo)))
+
+
+RENDER_LIMIT_KEYS = ("render_timeout_s", "render_max_bytes")
+
+
+def render_limits(topo: Topology) -> RenderLimits:
+    """The topology's per-template render bounds, the runtime's defaults where unset."""
+    d = topo.defaults
+    return RenderLimits(
+        timeout_s=d.render_timeout_s if d.render_timeout_s is not None else RENDER_TIMEOUT_S,
+        max_bytes=d.render_max_bytes if d.render_max_bytes is not None else RENDER_MAX_BYTES)
 
 
 @contextmanager

@@ -95,6 +95,14 @@ class Defaults(_Frozen):
     timeout_s: float = Field(default=1800.0, gt=0, le=7 * 24 * 3600)
     backoff_s: float = Field(default=0.0, ge=0, le=3600, description="Wait before a retry.")
     feedback_max_bytes: int = Field(default=PREAMBLE_DEFAULT_BYTES, ge=1024, le=PREAMBLE_MAX_BYTES)
+    # Plan-time bounds (issue 9). None means the runtime's default (5 s, 1 MiB) and is
+    # left out of the topology digest, so plans that do not set them keep their digests.
+    render_timeout_s: float | None = Field(
+        default=None, gt=0, le=600,
+        description="Per-template render time limit in seconds (default 5).")
+    render_max_bytes: int | None = Field(
+        default=None, ge=1024, le=64 * 1024 * 1024,
+        description="Per-template rendered output limit in bytes (default 1048576).")
 
 
 class Node(_Frozen):
