@@ -25,7 +25,7 @@ from .assemble import constant_digests
 from .digest import PLAN_DIR_PREFIX_LEN, blake3_hex, canonical_json
 from .errors import PlanFormatError
 from .failures import FailureClass
-from .files import write_read_only
+from .files import read_regular, write_read_only
 from .profiles import BUILTIN_PROFILES, AgentProfile
 from .render import (
     RENDER_MAX_BYTES,
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     import networkx as nx
 
 MANIFEST_NAME = "plan.json"
+# A 100k-node manifest is ~60 MB; the bound only stops a device or runaway file.
+MANIFEST_MAX_BYTES = 1 << 30
 PROMPTS_DIR = "prompts"
 
 
@@ -199,9 +201,11 @@ def read_manifest(plan_dir: Path) -> tuple[Manifest, bytes]:
     """Read and parse ``plan.json``; raise PlanFormatError naming what is wrong."""
     path = plan_dir / MANIFEST_NAME
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MANIFEST_MAX_BYTES)
     except OSError as exc:
         raise PlanFormatError(path, f"cannot read manifest: {exc.strerror}") from None
+    except ValueError as exc:
+        raise PlanFormatError(path, f"cannot read manifest: {exc}") from None
     return parse_manifest(raw, path), raw
 
 

@@ -25,7 +25,6 @@ import functools
 import itertools
 import os
 import re
-import stat
 import threading
 import time
 import traceback
@@ -42,7 +41,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from jinja2.utils import generate_lorem_ipsum
 
 from .errors import TemplateError
-from .files import within
+from .files import read_regular, within
 from .topology import Node, Topology
 
 ALLOWED_VARIABLES = ("acceptance", "needs", "node", "objective", "topology", "vars")
@@ -78,22 +77,11 @@ class _RenderTooHungry(BaseException):
 def _read_template(real: str, name: str, max_bytes: int) -> str:
     """A template's text: a regular file, size checked before reading, UTF-8."""
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
+        raw = read_regular(real, max_bytes)
     except OSError as exc:
         raise TemplateError(name, 0, f"cannot read template: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise TemplateError(name, 0, "not a regular file; templates must be files")
-        if info.st_size > max_bytes:
-            raise TemplateError(name, 0, f"template is {info.st_size} bytes; at most "
-                                f"{max_bytes}")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            raw = fh.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > max_bytes:
-        raise TemplateError(name, 0, f"template grew past {max_bytes} bytes while read")
+    except ValueError as exc:
+        raise TemplateError(name, 0, f"cannot use template: {exc}") from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:

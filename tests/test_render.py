@@ -199,5 +199,5 @@ def test_oversized_template_is_refused_before_reading(
 
     monkeypatch.setattr(render, "TEMPLATE_MAX_BYTES", 64)
     project.template("big.md.j2", "x" * 65)
-    with pytest.raises(TemplateError, match="template is 65 bytes; at most 64"):
+    with pytest.raises(TemplateError, match="cannot use template: file is 65 bytes; at most 64"):
         _plan_with(project, "{% include 'big.md.j2' %}\n")
