@@ -51,6 +51,7 @@ RENDER_MAX_BYTES = 1024 * 1024
 RENDER_MAX_GROWTH_BYTES = 512 * 1024 * 1024
 MAX_INT_BITS = 4096
 LIPSUM_MAX_WORDS = 10_000
+BUILD_BUDGET_FACTOR = 64
 
 
 @dataclass(frozen=True)
@@ -144,20 +145,26 @@ class _BoundedSandbox(SandboxedEnvironment):
         super().__init__(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
                          keep_trailing_newline=True, auto_reload=False)
         self.max_len = RENDER_MAX_BYTES
+        self.built = 0  # bytes built by the current render; reset by Renderer
         self.globals["lipsum"] = self._lipsum
         for name, func in list(self.filters.items()):
             self.filters[name] = self._bounded_filter(name, func)
 
-    def _check(self, value: Any) -> Any:
-        if _size(value) > self.max_len:
+    def _check(self, value: Any, *, built: bool = True) -> Any:
+        size = _size(value)
+        if size > self.max_len:
             raise _TooLarge
+        if built:
+            # Each value is bounded; so is their sum, or a loop appending 1 MiB strings
+            # to a list would build gigabytes from values that each pass.
+            self.built += size
+            if self.built > BUILD_BUDGET_FACTOR * self.max_len:
+                raise _TooLarge(f"values built while rendering exceed "
+                                f"{BUILD_BUDGET_FACTOR} x {self.max_len} bytes in all")
         return value
 
     def concat(self, parts: Any) -> str:
-        pieces = [str(p) for p in parts]
-        if sum(map(len, pieces)) > self.max_len:
-            raise _TooLarge
-        return "".join(pieces)
+        return self._check("".join([str(p) for p in parts]))  # type: ignore[no-any-return]
 
     def _lipsum(self, n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:
         if int(n) * int(max) > LIPSUM_MAX_WORDS:
@@ -179,12 +186,14 @@ class _BoundedSandbox(SandboxedEnvironment):
         return self._check(super().call_binop(context, operator, left, right))
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
-        __self._precheck(getattr(__obj, "__name__", ""), getattr(__obj, "__self__", None),
-                         args, kwargs)
+        subject = getattr(__obj, "__self__", None)
+        # A list grown by ``l.append`` in a loop is seen here, through its method.
+        __self._check(subject, built=False)
+        __self._precheck(getattr(__obj, "__name__", ""), subject, args, kwargs)
         return __self._check(super().call(__context, __obj, *args, **kwargs))
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        return self._check(super().getattr(obj, attribute))
+        return self._check(super().getattr(obj, attribute), built=False)
 
     def _precheck(self, name: str, subject: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> None:
@@ -398,9 +407,10 @@ class Renderer:
                                 f"{RENDER_MAX_GROWTH_BYTES >> 20} MiB", node=node) from None
         except _TooLarge as exc:
             tmpl, line = _template_frame(exc, template, self.root)
-            raise TemplateError(tmpl, line, f"output or a value built while rendering "
-                                f"exceeds {limits.max_bytes} bytes; set "
-                                "defaults.render_max_bytes to allow more", node=node) from None
+            what = exc.args[0] if exc.args else (f"output or a value built while rendering "
+                                                 f"exceeds {limits.max_bytes} bytes")
+            raise TemplateError(tmpl, line, f"{what}; set defaults.render_max_bytes to allow "
+                                "more", node=node) from None
         except TemplateError as exc:
             raise TemplateError(exc.template, exc.line, exc.bare, node=node) from None
         except RecursionError as exc:
@@ -421,6 +431,7 @@ class Renderer:
         """Stream the output so a loop that prints is stopped at the bound, not after."""
         parts: list[str] = []
         size = 0
+        self.env.built = 0  # type: ignore[attr-defined]
         for chunk in self.env.get_template(template).generate(context):
             size += len(chunk)  # characters <= bytes: an early, cheap bound
             if size > self.limits.max_bytes:

@@ -201,3 +201,33 @@ def test_oversized_template_is_refused_before_reading(
     project.template("big.md.j2", "x" * 65)
     with pytest.raises(TemplateError, match="cannot use template: file is 65 bytes; at most 64"):
         _plan_with(project, "{% include 'big.md.j2' %}\n")
+
+
+_GROW = ("{% set l = [] %}{% for i in range(100000) %}{% for j in range(100000) %}"
+         "{% if l.append(i) %}{% endif %}{% endfor %}{% endfor %}\n")
+_GROW_BIG = ("{% set l = [] %}{% for i in range(100000) %}{% if l.append('x' * 1000000) %}"
+             "{% endif %}{% endfor %}\n")
+
+
+def test_list_grown_by_append_is_bounded(project: Project) -> None:
+    with pytest.raises(TemplateError, match="exceeds 4096 bytes"):
+        _plan_with_defaults(project, _GROW, render_max_bytes=4096)
+
+
+def test_values_built_in_all_are_bounded(project: Project) -> None:
+    """Each 1 MB string passes; 100,000 of them kept in a list would be 100 GB."""
+    with pytest.raises(TemplateError, match=r"values built while rendering exceed 64 x "
+                       r"1048576 bytes in all; set defaults\.render_max_bytes"):
+        _plan_with_defaults(project, _GROW_BIG)
+
+
+def test_render_memory_growth_is_bounded(project: Project,
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the size bounds (lifted here), the watchdog stops a render that grows the
+    process by more than RENDER_MAX_GROWTH_BYTES."""
+    from runtime import render
+
+    monkeypatch.setattr(render, "RENDER_MAX_GROWTH_BYTES", 32 * 1024 * 1024)
+    monkeypatch.setattr(render, "BUILD_BUDGET_FACTOR", 1 << 20)
+    with pytest.raises(TemplateError, match="rendering grew the process by more than 32 MiB"):
+        _plan_with_defaults(project, _GROW_BIG, render_timeout_s=120)
