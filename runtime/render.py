@@ -122,11 +122,19 @@ class _BoundedCodeGenerator(CodeGenerator):
         self.write("))")
 
 
+_SIZED = (str, bytes, list, tuple, dict, set, frozenset)
+
+
 def _size(value: Any) -> int:
-    if isinstance(value, str | bytes | list | tuple | dict | set | frozenset):
+    """Length of a string or container, bytes of an int: what a template could blow up.
+    Called on every attribute and call result, so the common types go first."""
+    kind = type(value)
+    if kind is str or kind is list or kind is dict or kind is tuple:
         return len(value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value.bit_length() // 8
+    if kind is int:
+        return value.bit_length() >> 3  # type: ignore[no-any-return]
+    if isinstance(value, _SIZED):
+        return len(value)
     return 0
 
 
@@ -432,11 +440,17 @@ class Renderer:
         parts: list[str] = []
         size = 0
         self.env.built = 0  # type: ignore[attr-defined]
-        for chunk in self.env.get_template(template).generate(context):
-            size += len(chunk)  # characters <= bytes: an early, cheap bound
-            if size > self.limits.max_bytes:
-                raise _TooLarge
-            parts.append(chunk)
+        tmpl = self.env.get_template(template)
+        # Template.generate without its per-chunk wrapper; on error, jinja2's
+        # handle_exception still maps the traceback to template lines.
+        try:
+            for chunk in tmpl.root_render_func(tmpl.new_context(dict(context))):
+                size += len(chunk)  # characters <= bytes: an early, cheap bound
+                if size > self.limits.max_bytes:
+                    raise _TooLarge
+                parts.append(chunk)
+        except Exception:
+            self.env.handle_exception()
         return "".join(parts)
 
 
