@@ -20,13 +20,9 @@ Any exception a template raises (``1/0``, a recursive macro) is a ``TemplateErro
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import itertools
 import os
 import re
-import threading
-import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -43,6 +39,7 @@ from jinja2.utils import generate_lorem_ipsum
 from .errors import TemplateError
 from .files import read_regular, within
 from .topology import Node, Topology
+from .watchdog import WATCHDOG, Overgrown, Overtime
 
 ALLOWED_VARIABLES = ("acceptance", "needs", "node", "objective", "topology", "vars")
 TEMPLATE_MAX_BYTES = 1024 * 1024
@@ -64,15 +61,6 @@ class RenderLimits:
 
 class _TooLarge(Exception):
     """A value a template builds would pass the output bound."""
-
-
-class _RenderTimeout(BaseException):
-    """Raised inside a rendering thread by the watchdog. A BaseException, so that no
-    ``except Exception`` in jinja2 or a template's callee swallows it."""
-
-
-class _RenderTooHungry(BaseException):
-    """Raised inside a rendering thread whose render grew the process too much."""
 
 
 def _read_template(real: str, name: str, max_bytes: int) -> str:
@@ -249,97 +237,6 @@ def make_environment(prompts_root: Path) -> SandboxedEnvironment:
     return _BoundedSandbox(_RootedLoader(os.path.realpath(prompts_root)))
 
 
-class _Watchdog:
-    """One daemon thread that interrupts renders past their time or memory bound.
-
-    A render arms a token (its thread and deadline) and disarms it when done. Past the
-    deadline the watchdog raises ``_RenderTimeout`` in that thread with
-    ``PyThreadState_SetAsyncExc`` (CPython): it lands at the next bytecode, however
-    the template loops, with no thread or process per render (100k-node plans arm
-    100k times). Firing and disarming share one lock, and disarming clears an
-    exception that fired but has not been raised yet, so none can land after the
-    render is over. The thread polls every 50 ms while renders are armed and exits
-    after two idle seconds.
-    """
-
-    POLL_S = 0.05
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._armed: dict[int, list[Any]] = {}  # token -> [deadline, thread id, rss0]
-        self._fired: set[int] = set()
-        self._tokens = itertools.count()
-        self._thread: threading.Thread | None = None
-
-    def arm(self, seconds: float) -> int:
-        with self._lock:
-            token = next(self._tokens)
-            self._armed[token] = [time.monotonic() + seconds, threading.get_ident(), None]
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="render-watchdog",
-                                                daemon=True)
-                self._thread.start()
-            return token
-
-    def disarm(self, token: int) -> None:
-        with self._lock:
-            entry = self._armed.pop(token, None)
-            if token in self._fired:
-                self._fired.discard(token)
-                if entry is not None:
-                    _async_raise(entry[1], None)
-
-    def disarm_safely(self, token: int) -> None:
-        """Disarm even if the exception fired for this token lands during the call."""
-        while True:
-            try:
-                self.disarm(token)
-                return
-            except (_RenderTimeout, _RenderTooHungry):
-                continue
-
-    def _loop(self) -> None:
-        idle_since = time.monotonic()
-        while True:
-            time.sleep(self.POLL_S)
-            now = time.monotonic()
-            rss = _rss_bytes()
-            with self._lock:
-                if not self._armed:
-                    if now - idle_since > 2.0:
-                        self._thread = None
-                        return
-                    continue
-                idle_since = now
-                for token, entry in self._armed.items():
-                    if token in self._fired:
-                        continue
-                    if entry[2] is None:
-                        entry[2] = rss
-                    if now >= entry[0]:
-                        exc: type[BaseException] | None = _RenderTimeout
-                    elif rss is not None and rss - entry[2] > RENDER_MAX_GROWTH_BYTES:
-                        exc = _RenderTooHungry
-                    else:
-                        continue
-                    self._fired.add(token)
-                    _async_raise(entry[1], exc)
-
-
-def _async_raise(thread_id: int, exc: type[BaseException] | None) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(
-        ctypes.c_ulong(thread_id), ctypes.py_object(exc) if exc is not None else None)
-
-
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-_WATCHDOG = _Watchdog()
 
 
 class Renderer:
@@ -398,19 +295,19 @@ class Renderer:
         (jinja2's, the template's own such as ``1/0``, a bound) is a TemplateError."""
         self.check(template, node)
         limits = self.limits
-        token = _WATCHDOG.arm(limits.timeout_s)
+        token = WATCHDOG.arm(limits.timeout_s, RENDER_MAX_GROWTH_BYTES)
         try:
             try:
                 text = self._render(template, context)
             finally:
-                _WATCHDOG.disarm_safely(token)
-        except _RenderTimeout:
-            _WATCHDOG.disarm_safely(token)
+                WATCHDOG.disarm_safely(token)
+        except Overtime:
+            WATCHDOG.disarm_safely(token)
             raise TemplateError(template, 0, f"rendering took longer than {limits.timeout_s:g}"
                                 " s; set defaults.render_timeout_s to allow more",
                                 node=node) from None
-        except _RenderTooHungry:
-            _WATCHDOG.disarm_safely(token)
+        except Overgrown:
+            WATCHDOG.disarm_safely(token)
             raise TemplateError(template, 0, "rendering grew the process by more than "
                                 f"{RENDER_MAX_GROWTH_BYTES >> 20} MiB", node=node) from None
         except _TooLarge as exc:
