@@ -12,7 +12,7 @@ size: fuzzing generated documents that passed its screen found rapidyaml accepti
 ~150 in 30,000 that PyYAML refuses (plain scalars starting with `]` or `}`, `?` and
 `x:` inside flow sequences, ...), and its C++ error handler wrote to stderr. Nesting is
 bounded (``MAX_DEPTH``) in the same pass that bounds alias expansion, before anything
-is constructed. Lines are looked up lazily, on error only.
+is constructed.
 """
 
 from __future__ import annotations
@@ -42,20 +42,10 @@ Path_ = tuple[str | int, ...]
 
 @dataclass(frozen=True)
 class LoadedYaml:
-    """A parsed document; its node graph is composed (lazily) only to look up lines."""
+    """A parsed document and its composed node graph, kept to look up lines."""
 
     data: Any
-    text: str
-    _root: list[yaml.Node | None] = field(default_factory=list, repr=False, compare=False)
-
-    @property
-    def root(self) -> yaml.Node | None:
-        if not self._root:
-            try:
-                self._root.append(yaml.compose(self.text, Loader=_Loader))
-            except yaml.YAMLError:
-                self._root.append(None)
-        return self._root[0]
+    root: yaml.Node | None = field(repr=False, compare=False)
 
     def line_of(self, path: Path_) -> int:
         """1-based line of the value at ``path`` (or of its nearest ancestor found)."""
@@ -99,7 +89,7 @@ def load_yaml(raw: bytes, file: str) -> tuple[LoadedYaml | None, list[Problem]]:
     try:
         root = loader.get_single_node()
         if root is None:
-            return LoadedYaml(None, text, [None]), []
+            return LoadedYaml(None, None), []
         problems = _check_graph(root, file)
         if problems:
             return None, problems
@@ -112,7 +102,7 @@ def load_yaml(raw: bytes, file: str) -> tuple[LoadedYaml | None, list[Problem]]:
         return None, [Problem(file, 0, "", f"invalid YAML: {exc}")]
     finally:
         loader.dispose()
-    return LoadedYaml(data, text, [root]), []
+    return LoadedYaml(data, root), []
 
 
 def _check_graph(root: yaml.Node, file: str) -> list[Problem]:
