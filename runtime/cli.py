@@ -174,14 +174,17 @@ def _check_count(flag: str, value: int | None, low: int, high: int | None) -> No
         raise UsageError(f"{flag} {value}: must be {accepted}")
 
 
-def _deadline_at(seconds: float | None) -> float | None:
-    """``--deadline SECONDS`` as a Unix time; refused unless finite and positive."""
-    if seconds is None:
-        return None
-    if not math.isfinite(seconds) or seconds <= 0:
+def _check_deadline(seconds: float | None) -> None:
+    """``--deadline SECONDS`` must be finite and positive; left out, there is none."""
+    if seconds is not None and (not math.isfinite(seconds) or seconds <= 0):
         raise UsageError(f"--deadline {seconds:g}: must be a positive, finite number of "
                          "seconds (leave it out for no deadline)")
-    return time.time() + seconds
+
+
+def _deadline_at(seconds: float | None) -> float | None:
+    """A checked ``--deadline`` as a Unix time from now."""
+    _check_deadline(seconds)
+    return None if seconds is None else time.time() + seconds
 
 
 def _check_output_paths(args: argparse.Namespace) -> None:
@@ -308,7 +311,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_output_paths(args)
     _check_count("--jobs", args.jobs, 1, MAX_JOBS)
     _check_count("--max-total-attempts", args.max_total_attempts, 1, None)
-    deadline_at = _deadline_at(args.deadline)
+    _check_deadline(args.deadline)
     if args.run_id is not None:
         check_run_id(args.run_id)
         if (args.artifacts / "runs" / args.run_id).exists():
@@ -328,13 +331,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UsageError(f"{target}: not a topology file or plan directory")
     settings = RunSettings(
         agent=args.agent, jobs=args.jobs, no_fallback=args.no_fallback,
-        max_total_attempts=args.max_total_attempts, deadline_at=deadline_at,
+        max_total_attempts=args.max_total_attempts,
         overrides=parse_sets(args.sets, manifest), operator_prompt=operator_prompt)
     check_settings(manifest, settings)
     if compiled is not None:
         # Only now that every option is known good: write_plan verifies a plan
         # directory it reuses, and writes a new one itself.
         plan_dir, verified = write_plan(compiled, args.artifacts), True
+    # The deadline counts from the run's start, not from before planning.
+    settings = settings.model_copy(update={"deadline_at": _deadline_at(args.deadline)})
     with _cancel_on_signals() as cancel:
         result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
                            redactor=_redactor(args.redact), hooks=_hooks(cancel),

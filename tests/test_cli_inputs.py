@@ -139,3 +139,17 @@ def test_deeply_nested_large_yaml(project: Project, capsys: pytest.CaptureFixtur
     assert os.path.getsize(project.topology) > 256 * 1024
     _invalid(project, capsys, project.cli("plan", str(project.topology)),
              "nest more than 64 levels deep")
+
+
+def test_a_valid_deadline_is_recorded_from_the_run_start(
+        project: Project, topo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from runtime.ledger import RunStarted, read_events
+
+    before = time.time()
+    code = main(project.cli("run", str(topo), "--run-id", "dl", "--deadline", "3600"))
+    capsys.readouterr()
+    started = read_events(project.artifacts / "runs" / "dl" / "ledger.jsonl")[0]
+    assert code == 0 and isinstance(started, RunStarted)
+    assert before + 3600 <= started.settings["deadline_at"] <= time.time() + 3600
