@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -143,8 +144,84 @@ def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"--var {pair!r}: expected KEY=VALUE")
+        if not _is_utf8(pair):
+            # Undecodable argv bytes arrive as lone surrogates, which cannot be rendered,
+            # hashed or written (issue 9: a UnicodeEncodeError traceback).
+            raise UsageError(f"--var {pair!a}: not valid UTF-8; pass UTF-8 text")
         out[key] = value
     return out
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# Bounds of the numeric options (issue 9: --jobs 300 and --max-total-attempts 0 were
+# pydantic tracebacks, --deadline 0 or nan meant no deadline and -5 was accepted).
+MAX_JOBS = 256
+OPERATOR_PROMPT_MAX_BYTES = 1024 * 1024
+
+
+def _check_count(flag: str, value: int | None, low: int, high: int | None) -> None:
+    if value is None:
+        return
+    if value < low or (high is not None and value > high):
+        accepted = f"from {low} to {high}" if high is not None else f"at least {low}"
+        raise UsageError(f"{flag} {value}: must be {accepted}")
+
+
+def _check_deadline(seconds: float | None) -> None:
+    """``--deadline SECONDS`` must be finite and positive; left out, there is none."""
+    if seconds is not None and (not math.isfinite(seconds) or seconds <= 0):
+        raise UsageError(f"--deadline {seconds:g}: must be a positive, finite number of "
+                         "seconds (leave it out for no deadline)")
+
+
+def _deadline_at(seconds: float | None) -> float | None:
+    """A checked ``--deadline`` as a Unix time from now."""
+    _check_deadline(seconds)
+    return None if seconds is None else time.time() + seconds
+
+
+def _check_output_paths(args: argparse.Namespace) -> None:
+    """``--artifacts`` must be (or become) a directory, ``--golden-out`` a file; checked
+    before anything is written (issue 9: both were tracebacks, after a plan was written)."""
+    _check_path("--artifacts", args.artifacts, want_dir=True)
+    golden_out = getattr(args, "golden_out", None)
+    if golden_out is not None:
+        _check_path("--golden-out", golden_out, want_dir=False)
+
+
+def _check_path(flag: str, path: Path, *, want_dir: bool) -> None:
+    if path.exists() and path.is_dir() != want_dir:
+        kind = "is a directory; give a file path" if path.is_dir() else \
+            "is not a directory; give a directory (it is created if missing)"
+        raise UsageError(f"{flag} {path}: {kind}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise UsageError(f"{flag} {path}: {parent} is not a directory")
+            break
+
+
+def _read_operator_prompt(path: Path) -> str:
+    from .files import read_regular
+
+    try:
+        raw = read_regular(path, OPERATOR_PROMPT_MAX_BYTES)
+    except OSError as exc:
+        raise UsageError(f"--operator-prompt {path}: cannot read: {exc.strerror}") from None
+    except ValueError as exc:
+        raise UsageError(f"--operator-prompt {path}: {exc}") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--operator-prompt {path}: not UTF-8 (byte 0x{raw[exc.start]:02x} "
+                         f"at offset {exc.start}); save it as UTF-8") from None
 
 
 def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
@@ -158,6 +235,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     overrides = parse_vars(args.var)
     if args.golden_out and len(args.topologies) != 1:
         raise UsageError("--golden-out takes exactly one TOPOLOGY")
+    _check_output_paths(args)
     # Compile everything before writing anything: one bad topology writes nothing.
     compiled = [(path, plan_topology(path, args.prompts, overrides)) for path in args.topologies]
     results, lines = [], []
@@ -226,27 +304,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .overrides import parse_sets
     from .plan import PROMPTS_DIR
     from .records import RunSettings
-    from .run import start_run
+    from .run import check_settings, start_run
+    from .rundir import check_run_id
 
     target: Path = args.target
+    _check_output_paths(args)
+    _check_count("--jobs", args.jobs, 1, MAX_JOBS)
+    _check_count("--max-total-attempts", args.max_total_attempts, 1, None)
+    _check_deadline(args.deadline)
+    if args.run_id is not None:
+        check_run_id(args.run_id)
+        if (args.artifacts / "runs" / args.run_id).exists():
+            raise UsageError(f"run {args.run_id} already exists under {args.artifacts}/runs; "
+                             f"continue it with `runtime resume {args.run_id}` or choose "
+                             "another --run-id")
+    operator_prompt = _read_operator_prompt(args.operator_prompt) \
+        if args.operator_prompt else None
+    compiled = None
     if target.is_dir() and (target / PROMPTS_DIR).is_dir():
         plan_dir, verified = target, False
         manifest = read_manifest(plan_dir)[0]
     elif target.is_file():
-        # write_plan verifies a plan directory it reuses, and writes a new one itself.
         compiled = plan_topology(target, args.prompts, parse_vars(args.var))
-        plan_dir, verified = write_plan(compiled, args.artifacts), True
         manifest = compiled.manifest
     else:
         raise UsageError(f"{target}: not a topology file or plan directory")
-    if args.jobs < 1:
-        raise UsageError(f"--jobs {args.jobs}: must be at least 1")
     settings = RunSettings(
         agent=args.agent, jobs=args.jobs, no_fallback=args.no_fallback,
         max_total_attempts=args.max_total_attempts,
-        deadline_at=time.time() + args.deadline if args.deadline else None,
-        overrides=parse_sets(args.sets, manifest),
-        operator_prompt=_read_text(args.operator_prompt) if args.operator_prompt else None)
+        overrides=parse_sets(args.sets, manifest), operator_prompt=operator_prompt)
+    check_settings(manifest, settings)
+    if compiled is not None:
+        # Only now that every option is known good: write_plan verifies a plan
+        # directory it reuses, and writes a new one itself.
+        plan_dir, verified = write_plan(compiled, args.artifacts), True
+    # The deadline counts from the run's start, not from before planning.
+    settings = settings.model_copy(update={"deadline_at": _deadline_at(args.deadline)})
     with _cancel_on_signals() as cancel:
         result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
                            redactor=_redactor(args.redact), hooks=_hooks(cancel),
@@ -261,8 +354,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
     from .progress import LiveProgress, summary_table
     from .report import render_batch_report, render_run_report
 
-    if args.jobs < 1 or args.node_jobs < 1:
-        raise UsageError("--jobs and --node-jobs must be at least 1")
+    _check_count("--jobs", args.jobs, 1, MAX_JOBS)
+    _check_count("--node-jobs", args.node_jobs, 1, MAX_JOBS)
+    _check_output_paths(args)
     topologies = expand(args.paths)
     options = BatchOptions(prompts=args.prompts, artifacts=args.artifacts, jobs=args.jobs,
                            node_jobs=args.node_jobs, agent=args.agent, sets=tuple(args.sets),
@@ -298,8 +392,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from .run import resolve_run_dir, resume_run
 
+    deadline_at = _deadline_at(args.deadline)
     run_dir = resolve_run_dir(args.run, args.artifacts)
-    deadline_at = time.time() + args.deadline if args.deadline else None
     with _cancel_on_signals() as cancel:
         result = resume_run(run_dir, redactor=_redactor(args.redact), hooks=_hooks(cancel),
                             deadline_at=deadline_at)
@@ -316,13 +410,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(_describe(state, run_dir, verbose=True))
     return EXIT_OK if state.status == "succeeded" else EXIT_FAILED
-
-
-def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read as UTF-8 text: {exc}") from None
 
 
 def _redactor(declared: list[str]) -> Any:

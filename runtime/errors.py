@@ -80,6 +80,7 @@ class TemplateError(InputError):
     ) -> None:
         self.template = template
         self.line = line
+        self.bare = message
         self.node = node
         self.name = name
         who = f" (node {node})" if node else ""

@@ -25,15 +25,23 @@ from .assemble import constant_digests
 from .digest import PLAN_DIR_PREFIX_LEN, blake3_hex, canonical_json
 from .errors import PlanFormatError
 from .failures import FailureClass
-from .files import write_read_only
+from .files import read_regular, write_read_only
 from .profiles import BUILTIN_PROFILES, AgentProfile
-from .render import Renderer, node_context
+from .render import (
+    RENDER_MAX_BYTES,
+    RENDER_TIMEOUT_S,
+    Renderer,
+    RenderLimits,
+    node_context,
+)
 from .topology import ArtifactSpec, Topology
 
 if TYPE_CHECKING:
     import networkx as nx
 
 MANIFEST_NAME = "plan.json"
+# A 100k-node manifest is ~60 MB; the bound only stops a device or runaway file.
+MANIFEST_MAX_BYTES = 1 << 30
 PROMPTS_DIR = "prompts"
 
 
@@ -121,6 +129,9 @@ def compile_plan(topo: Topology, renderer: Renderer) -> CompiledPlan:
     by_id = {n.id: n for n in topo.nodes}
     dumped = topo.model_dump(mode="json", by_alias=True)
     defaults = dumped["defaults"]
+    for key in RENDER_LIMIT_KEYS:  # unset: not in the digest (shipped digests unchanged)
+        if defaults[key] is None:
+            del defaults[key]
     prompts: dict[str, bytes] = {}
     nodes: dict[str, dict[str, Any]] = {}
     for node, raw in zip(topo.nodes, dumped["nodes"], strict=True):
@@ -190,9 +201,11 @@ def read_manifest(plan_dir: Path) -> tuple[Manifest, bytes]:
     """Read and parse ``plan.json``; raise PlanFormatError naming what is wrong."""
     path = plan_dir / MANIFEST_NAME
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MANIFEST_MAX_BYTES)
     except OSError as exc:
         raise PlanFormatError(path, f"cannot read manifest: {exc.strerror}") from None
+    except ValueError as exc:
+        raise PlanFormatError(path, f"cannot read manifest: {exc}") from None
     return parse_manifest(raw, path), raw
 
 
@@ -214,7 +227,18 @@ def plan_topology(path: Path, prompts_root: Path, overrides: dict[str, str] | No
 
     with _collector_paused():
         topo = load_topology(path, prompts_root, overrides)
-        return compile_plan(topo, Renderer(prompts_root))
+        return compile_plan(topo, Renderer(prompts_root, render_limits(topo)))
+
+
+RENDER_LIMIT_KEYS = ("render_timeout_s", "render_max_bytes")
+
+
+def render_limits(topo: Topology) -> RenderLimits:
+    """The topology's per-template render bounds, the runtime's defaults where unset."""
+    d = topo.defaults
+    return RenderLimits(
+        timeout_s=d.render_timeout_s if d.render_timeout_s is not None else RENDER_TIMEOUT_S,
+        max_bytes=d.render_max_bytes if d.render_max_bytes is not None else RENDER_MAX_BYTES)
 
 
 @contextmanager

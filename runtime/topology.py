@@ -19,8 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import Problem, TopologyError
 from .failures import DEFAULT_RETRY_ON, FailureClass
-from .files import within
+from .files import read_regular, within
 from .profiles import BUILTIN_PROFILES, AgentProfile
+from .yamlsafe import MAX_BYTES as MAX_YAML_BYTES
 from .yamlsafe import LoadedYaml, load_yaml
 
 SCHEMA_VERSION = 1
@@ -95,6 +96,14 @@ class Defaults(_Frozen):
     timeout_s: float = Field(default=1800.0, gt=0, le=7 * 24 * 3600)
     backoff_s: float = Field(default=0.0, ge=0, le=3600, description="Wait before a retry.")
     feedback_max_bytes: int = Field(default=PREAMBLE_DEFAULT_BYTES, ge=1024, le=PREAMBLE_MAX_BYTES)
+    # Plan-time bounds (issue 9). None means the runtime's default (5 s, 1 MiB) and is
+    # left out of the topology digest, so plans that do not set them keep their digests.
+    render_timeout_s: float | None = Field(
+        default=None, gt=0, le=600,
+        description="Per-template render time limit in seconds (default 5).")
+    render_max_bytes: int | None = Field(
+        default=None, ge=1024, le=64 * 1024 * 1024,
+        description="Per-template rendered output limit in bytes (default 1048576).")
 
 
 class Node(_Frozen):
@@ -170,9 +179,11 @@ def load_topology(path: Path, prompts_root: Path, overrides: dict[str, str] | No
     """
     file = str(path)
     try:
-        raw = path.read_bytes()
+        raw = read_regular(path, MAX_YAML_BYTES)
     except OSError as exc:
         raise TopologyError(file, [Problem(file, 0, "", f"cannot read: {exc.strerror}")]) from None
+    except ValueError as exc:
+        raise TopologyError(file, [Problem(file, 0, "", f"cannot read: {exc}")]) from None
     loaded, problems = load_yaml(raw, file)
     if loaded is None:
         raise TopologyError(file, problems)
@@ -206,6 +217,13 @@ def _pydantic_problems(exc: ValidationError, loaded: LoadedYaml, file: str) -> l
             msg = "required field is missing"
         elif err["type"] == "union_tag_invalid":
             msg = "agent kind must be one of: command, http, python, simulated"
+        if yaml_loc and yaml_loc[-1] == "[key]" and len(yaml_loc) >= 2:
+            # pydantic gives the key as text: None and True were YAML's null and true.
+            key = str(yaml_loc[-2])
+            shown = {"None": "null", "True": "true", "False": "false"}.get(key, key)
+            yaml_loc = yaml_loc[:-2]
+            msg = (f"key {shown} is not a string; names here are strings (quote it: "
+                   f"'{shown}')")
         out.append(Problem(file, loaded.line_of(yaml_loc), _dotted(yaml_loc), msg))
     return out
 
@@ -312,7 +330,10 @@ def _reference_problems(data: dict[str, Any], loaded: LoadedYaml, file: str,
     errors elsewhere in the file; values of the wrong type are left to pydantic.
     """
     agents = data.get("agents")
-    profiles = sorted({*BUILTIN_PROFILES, *(agents if isinstance(agents, dict) else {})})
+    # Keys of another type (`agents: {1: ...}`) are pydantic's to report; here they
+    # would only break the sort.
+    declared = [k for k in agents if isinstance(k, str)] if isinstance(agents, dict) else []
+    profiles = sorted({*BUILTIN_PROFILES, *declared})
     known = _sample(profiles)
     problems: list[Problem] = []
     defaults = data.get("defaults")

@@ -23,7 +23,8 @@ from .digest import (
     is_hex,
 )
 from .errors import PlanFormatError
-from .plan import MANIFEST_NAME, PROMPTS_DIR, CompiledPlan, parse_manifest
+from .files import read_regular
+from .plan import MANIFEST_MAX_BYTES, MANIFEST_NAME, PROMPTS_DIR, CompiledPlan, parse_manifest
 
 
 def verify_plan_dir(plan_dir: Path, expected_digest: str | None = None) -> list[str]:
@@ -31,7 +32,12 @@ def verify_plan_dir(plan_dir: Path, expected_digest: str | None = None) -> list[
     manifest_path = plan_dir / MANIFEST_NAME
     if not manifest_path.is_file():
         return [f"{manifest_path}: missing manifest"]
-    raw = manifest_path.read_bytes()
+    try:
+        raw = read_regular(manifest_path, MANIFEST_MAX_BYTES)
+    except OSError as exc:
+        return [f"{manifest_path}: cannot read manifest: {exc.strerror}"]
+    except ValueError as exc:
+        return [f"{manifest_path}: cannot read manifest: {exc}"]
     digest = blake3_hex(raw)
     problems: list[str] = []
     if expected_digest is not None and digest != expected_digest:
@@ -96,14 +102,19 @@ def golden_bytes(golden: Golden) -> bytes:
     return (json.dumps(golden.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
 
 
+GOLDEN_MAX_BYTES = 64 * 1024 * 1024
+
+
 def read_golden(path: Path) -> Golden:
     try:
-        return Golden.model_validate_json(path.read_bytes())
+        return Golden.model_validate_json(read_regular(path, GOLDEN_MAX_BYTES))
     except OSError as exc:
         raise PlanFormatError(path, f"cannot read golden file: {exc.strerror}") from None
-    except ValidationError as exc:
-        raise PlanFormatError(path, f"not a golden digest file: {exc.errors()[0]['msg']} at "
-                              f"{'.'.join(map(str, exc.errors()[0]['loc']))}") from None
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError too
+        if isinstance(exc, ValidationError):
+            raise PlanFormatError(path, f"not a golden digest file: {exc.errors()[0]['msg']} "
+                                  f"at {'.'.join(map(str, exc.errors()[0]['loc']))}") from None
+        raise PlanFormatError(path, f"cannot read golden file: {exc}") from None
 
 
 def diff_golden(expected: Golden, actual: Golden) -> list[str]:

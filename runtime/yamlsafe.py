@@ -6,18 +6,17 @@ memory. We compose the node graph first (aliases stay shared references there),
 measure how large the document would be once expanded, refuse it above a bound, and
 only then construct Python objects. The composed graph also gives each field's line.
 
-PyYAML's semantics (YAML 1.1 scalars) are the definition. PyYAML spends ~5 us per
-parse event even with libyaml, which makes a 100k-node topology take 15 s to read, so
-large files that pass a conservative screen (no anchors, aliases, tags, escapes, block
-scalars, or scalars whose type YAML 1.1 and 1.2 disagree on) are parsed by rapidyaml
-and converted through its JSON emitter; on that subset both parsers give the same
-values, and any doubt falls back to PyYAML. Lines are looked up lazily, on error only.
+PyYAML's safe loader (YAML 1.1, libyaml's parser) is the only parser, at every file
+size. An earlier rapidyaml fast path for files over 256 KiB made acceptance depend on
+size: fuzzing generated documents that passed its screen found rapidyaml accepting
+~150 in 30,000 that PyYAML refuses (plain scalars starting with `]` or `}`, `?` and
+`x:` inside flow sequences, ...), and its C++ error handler wrote to stderr. Nesting is
+bounded (``MAX_DEPTH``) in the same pass that bounds alias expansion, before anything
+is constructed.
 """
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,33 +31,10 @@ except AttributeError:  # pragma: no cover - wheels ship libyaml on our platform
 
 MAX_BYTES = 64 * 1024 * 1024
 MAX_EXPANDED_NODES = 20_000_000
-FAST_PATH_MIN_BYTES = 256 * 1024
-
-# Anything that might parse differently under YAML 1.1 (PyYAML) and rapidyaml sends the
-# file down the PyYAML path: anchors, aliases, tags, directives, block scalars, escapes,
-# tabs, merge keys, document markers, and any token that PyYAML could type as a
-# null, bool, non-decimal or exponent number, or timestamp. A substring test per
-# marker and one pass over the unique tokens cost a few ms on a 15 MB file; one
-# combined regex with look-behinds cost ~25x that.
-_MARKERS = (b"&", b"*", b"!", b"%", b"@", b"`", b"|", b">", b"\\", b"\t", b"\r", b"~", b"<<",
-            b"...", b"\n---")
-_TOKEN = re.compile(rb"[^\s\[\]{},'\"]+")
-_RISKY_WORD = re.compile(
-    rb"(?:[Yy]es|YES|[Nn]o|NO|[Oo]n|ON|[Oo]ff|OFF|True|TRUE|False|FALSE|Null|NULL|=)")
-_RISKY_NUMBER = re.compile(
-    rb"[-+]?(?:0[\dxob_]|\.\d|\.(?:inf|Inf|INF|nan|NaN|NAN))|\+\d|\d[\d_]*(?:\.\d*)?[eE_:]|"
-    rb"\d{4}-\d\d?-\d\d?")
-
-
-def _plain_enough(raw: bytes) -> bool:
-    """True when rapidyaml and PyYAML must agree on every value of ``raw``."""
-    if raw.startswith(b"---") or any(marker in raw for marker in _MARKERS):
-        return False
-    for token in set(_TOKEN.findall(raw)):
-        token = token.rstrip(b":")
-        if _RISKY_WORD.fullmatch(token) or _RISKY_NUMBER.match(token):
-            return False
-    return True
+# Deeper than any topology needs (a JSON Schema inside an artifact sits ~10 levels
+# down), and shallow enough that nothing downstream (pydantic, json, jsonschema)
+# recurses anywhere near Python's recursion limit.
+MAX_DEPTH = 64
 
 
 Path_ = tuple[str | int, ...]
@@ -66,20 +42,10 @@ Path_ = tuple[str | int, ...]
 
 @dataclass(frozen=True)
 class LoadedYaml:
-    """A parsed document; its node graph is composed (lazily) only to look up lines."""
+    """A parsed document and its composed node graph, kept to look up lines."""
 
     data: Any
-    text: str
-    _root: list[yaml.Node | None] = field(default_factory=list, repr=False, compare=False)
-
-    @property
-    def root(self) -> yaml.Node | None:
-        if not self._root:
-            try:
-                self._root.append(yaml.compose(self.text, Loader=_Loader))
-            except yaml.YAMLError:
-                self._root.append(None)
-        return self._root[0]
+    root: yaml.Node | None = field(repr=False, compare=False)
 
     def line_of(self, path: Path_) -> int:
         """1-based line of the value at ``path`` (or of its nearest ancestor found)."""
@@ -119,15 +85,11 @@ def load_yaml(raw: bytes, file: str) -> tuple[LoadedYaml | None, list[Problem]]:
             Problem(file, line, "", f"not UTF-8 (byte 0x{raw[exc.start]:02x} at offset "
                     f"{exc.start}); save the file as UTF-8")
         ]
-    if len(raw) >= FAST_PATH_MIN_BYTES and _plain_enough(raw):
-        data = _fast_load(raw)
-        if data is not _FALLBACK:
-            return LoadedYaml(data, text), []
     loader = _Loader(text)
     try:
         root = loader.get_single_node()
         if root is None:
-            return LoadedYaml(None, text, [None]), []
+            return LoadedYaml(None, None), []
         problems = _check_graph(root, file)
         if problems:
             return None, problems
@@ -140,45 +102,15 @@ def load_yaml(raw: bytes, file: str) -> tuple[LoadedYaml | None, list[Problem]]:
         return None, [Problem(file, 0, "", f"invalid YAML: {exc}")]
     finally:
         loader.dispose()
-    return LoadedYaml(data, text, [root]), []
-
-
-_FALLBACK = object()
-
-
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        raise _DuplicateKey
-    return out
-
-
-def _fast_load(raw: bytes) -> Any:
-    """Parse a screened document with rapidyaml; ``_FALLBACK`` whenever in doubt."""
-    try:
-        import ryml  # type: ignore[import-untyped]
-    except ImportError:  # pragma: no cover - a declared dependency
-        return _FALLBACK
-    try:
-        tree = ryml.parse_in_arena(raw)
-        root = tree.root_id()
-        if tree.is_stream(root) or not (tree.is_map(root) or tree.is_seq(root)):
-            return _FALLBACK
-        emitted = ryml.emit_json_malloc(tree, root)
-        # strict=False: rapidyaml leaves control characters in strings unescaped.
-        return json.loads(emitted, strict=False, object_pairs_hook=_no_duplicates)
-    except (_DuplicateKey, ValueError, TypeError, RuntimeError, ryml.ExceptionParse):
-        return _FALLBACK
+    return LoadedYaml(data, root), []
 
 
 def _check_graph(root: yaml.Node, file: str) -> list[Problem]:
-    """Refuse alias bombs, recursive aliases and duplicate mapping keys, in one pass."""
+    """Refuse alias bombs, recursive aliases, nesting past ``MAX_DEPTH`` and duplicate
+    mapping keys, in one pass."""
     problems: list[Problem] = []
     sizes: dict[int, int] = {}
+    depths: dict[int, int] = {}
     active: set[int] = set()
     # Iterative post-order walk: documents with 100k nodes nest deeper than recursion allows.
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -187,11 +119,20 @@ def _check_graph(root: yaml.Node, file: str) -> list[Problem]:
         key = id(node)
         if done:
             active.discard(key)
-            sizes[key] = 1 + sum(sizes[id(c)] for c in _children(node))
+            children = _children(node)
+            sizes[key] = 1 + sum(sizes[id(c)] for c in children)
             if sizes[key] > MAX_EXPANDED_NODES:
                 return [Problem(file, node.start_mark.line + 1, "",
                                 f"YAML aliases expand to more than {MAX_EXPANDED_NODES} "
                                 "nodes; refusing to expand (alias bomb?)")]
+            if not isinstance(node, yaml.ScalarNode):
+                depths[key] = 1 + max((depths[id(c)] for c in children), default=0)
+                if depths[key] > MAX_DEPTH:
+                    return [Problem(file, node.start_mark.line + 1, "",
+                                    f"mappings and lists nest more than {MAX_DEPTH} levels "
+                                    "deep; flatten the document")]
+            else:
+                depths[key] = 0
             continue
         if key in sizes:
             continue

@@ -224,7 +224,7 @@ def test_run_plan_directory(project: Project, capsys: pytest.CaptureFixture[str]
     (["--set", "a.retry_feedback=maybe"], "retry_feedback takes true or false"),
     (["--set", "a.retry_on=flaky"], "unknown failure class 'flaky'"),
     (["--set", "nodot"], "expected NODE.FIELD=VALUE"),
-    (["--jobs", "0"], "--jobs 0: must be at least 1"),
+    (["--jobs", "0"], "--jobs 0: must be from 1 to 256"),
     (["--run-id", "../escape"], "--run-id '../escape': use 1-128 of"),
 ])
 def test_run_usage_errors(project: Project, capsys: pytest.CaptureFixture[str],

@@ -104,3 +104,15 @@ def test_manifest_bytes_are_stable_under_reserialisation(topology: Path) -> None
     plan = plan_topology(topology, REPO / "prompts")
     assert Manifest.model_validate_json(plan.manifest_bytes).to_bytes() == plan.manifest_bytes
     assert plan.manifest.to_bytes() == plan.manifest_bytes
+
+
+@pytest.mark.parametrize("setting", [{"render_timeout_s": 10}, {"render_max_bytes": 2048}])
+def test_render_bounds_enter_the_digest_only_when_set(project: Project,
+                                                      setting: dict[str, int]) -> None:
+    base = make_topology({"a": []})
+    plain = plan_topology(project.write_topology(base), project.prompts)
+    base["defaults"].update(setting)
+    bounded = plan_topology(project.write_topology(base), project.prompts)
+    assert plain.manifest.nodes["a"].prompt_digest == bounded.manifest.nodes["a"].prompt_digest
+    assert plain.digest != bounded.digest
+    assert plain.manifest.topology.digest != bounded.manifest.topology.digest

@@ -189,3 +189,27 @@ def test_cycle_check_agrees_with_networkx(graph: tuple[int, list[tuple[int, int]
             preds[f"n{b}"].append(f"n{a}")
             g.add_edge(f"n{a}", f"n{b}")
     assert _has_cycle(preds) == (not nx.is_directed_acyclic_graph(g))
+
+
+def test_size_is_checked_before_reading(project: Project,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime import topology
+
+    monkeypatch.setattr(topology, "MAX_YAML_BYTES", 16)
+    project.write_topology("schema_version: 1\nname: t\n")
+    with pytest.raises(TopologyError, match="cannot read: file is 26 bytes; at most 16"):
+        load_topology(project.topology, project.prompts)
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("fifo", "cannot read: not a regular file; expected a regular file"),
+    ("dir", "cannot read: a directory; expected a regular file"),
+])
+def test_non_regular_topology_is_refused(project: Project, kind: str, message: str) -> None:
+    path = project.root / "t.yaml"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    with pytest.raises(TopologyError, match=message):
+        load_topology(path, project.prompts)

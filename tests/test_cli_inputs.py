@@ -1,0 +1,155 @@
+"""Every invalid input exits 2 with a message naming the file or flag and what is
+accepted, prints no traceback, and writes nothing, plan directories included (issue 9)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from runtime.cli import main
+from tests.conftest import Project, make_topology
+
+
+def _snapshot(root: Path) -> list[Path]:
+    return sorted(root.rglob("*"))
+
+
+def _invalid(project: Project, capsys: pytest.CaptureFixture[str], argv: list[str],
+             message: str) -> None:
+    before = _snapshot(project.root)
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert message in err, err
+    assert "Traceback" not in err and out == ""
+    assert _snapshot(project.root) == before
+
+
+@pytest.fixture
+def topo(project: Project) -> Path:
+    data = make_topology({"a": [], "b": ["a"]})
+    data["vars"] = {"x": "v"}
+    return project.write_topology(data)
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--jobs", "300"], "--jobs 300: must be from 1 to 256"),
+    (["--jobs", "0"], "--jobs 0: must be from 1 to 256"),
+    (["--max-total-attempts", "0"], "--max-total-attempts 0: must be at least 1"),
+    (["--deadline", "-5"], "--deadline -5: must be a positive, finite number of seconds"),
+    (["--deadline", "0"], "--deadline 0: must be a positive, finite number of seconds"),
+    (["--deadline", "nan"], "--deadline nan: must be a positive, finite number of seconds"),
+    (["--deadline", "inf"], "--deadline inf: must be a positive, finite number of seconds"),
+    (["--run-id", "../escape"], "--run-id '../escape': use 1-128 of"),
+    (["--agent", "gpt"], "--agent gpt: no such profile in the plan; known: sim, simulated"),
+    (["--set", "zz.max_attempts=2"], "--set zz.max_attempts=2: no node 'zz' in the plan"),
+    (["--set", "a.max_attempts=0"], "max_attempts takes a whole number from 1 to 20"),
+    (["--operator-prompt", "/nonexistent/op.txt"],
+     "--operator-prompt /nonexistent/op.txt: cannot read: No such file or directory"),
+    (["--operator-prompt", "/dev/zero"],
+     "--operator-prompt /dev/zero: not a regular file; expected a regular file"),
+    (["--var", "x=\udcff"], "--var 'x=\\udcff': not valid UTF-8"),
+])
+def test_run_rejects_before_writing_the_plan(project: Project, topo: Path,
+                                             capsys: pytest.CaptureFixture[str],
+                                             extra: list[str], message: str) -> None:
+    _invalid(project, capsys, project.cli("run", str(topo), *extra), message)
+
+
+def test_run_rejects_a_non_utf8_operator_prompt(project: Project, topo: Path, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    prompt = tmp_path / "op.txt"
+    prompt.write_bytes(b"ok \xfe")
+    _invalid(project, capsys, project.cli("run", str(topo), "--operator-prompt", str(prompt)),
+             f"--operator-prompt {prompt}: not UTF-8 (byte 0xfe at offset 3)")
+
+
+def test_run_rejects_an_existing_run_id_before_planning(
+        project: Project, topo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (project.artifacts / "runs" / "taken").mkdir(parents=True)
+    _invalid(project, capsys, project.cli("run", str(topo), "--run-id", "taken"),
+             "run taken already exists")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["plan", "{topo}", "--golden-out", "{tmp}"], "--golden-out {tmp}: is a directory; give a "
+     "file path"),
+    (["plan", "{topo}", "--golden-out", "{topo}/golden.json"], "{topo} is not a directory"),
+    (["plan", "{topo}", "--var", "x=\udcff"], "--var 'x=\\udcff': not valid UTF-8"),
+    (["plan", "/dev/zero"], "/dev/zero: cannot read: not a regular file"),
+    (["plan", "{tmp}"], "cannot read: a directory; expected a regular file"),
+    (["batch", "{topo}", "--node-jobs", "300"], "--node-jobs 300: must be from 1 to 256"),
+    (["batch", "{topo}", "--jobs", "0"], "--jobs 0: must be from 1 to 256"),
+    (["resume", "r", "--deadline", "nan"], "--deadline nan: must be a positive"),
+])
+def test_plan_batch_resume_inputs(project: Project, topo: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str], argv: list[str],
+                                  message: str) -> None:
+    argv = [a.format(topo=topo, tmp=tmp_path) for a in argv]
+    _invalid(project, capsys, project.cli(*argv), message.format(topo=topo, tmp=tmp_path))
+
+
+@pytest.mark.parametrize("verb", ["plan", "run", "batch"])
+def test_artifacts_that_is_a_file(project: Project, topo: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str], verb: str) -> None:
+    afile = tmp_path / "passwd"
+    afile.write_text("root:x:0:0\n")
+    argv = [verb, str(topo), "--prompts", str(project.prompts), "--artifacts", str(afile)]
+    _invalid(project, capsys, argv, f"--artifacts {afile}: is not a directory")
+    assert afile.read_text() == "root:x:0:0\n"
+
+
+@pytest.mark.parametrize(("template", "message"), [
+    ("{{ 1/0 }}\n", "prompts/task.md.j2:1 (node a): render failed: ZeroDivisionError"),
+    ("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}\n", "recursion too deep"),
+    ("{% include 'task.md.j2' %}\n", "recursion too deep"),
+    (b"bad \xff\n", "prompts/task.md.j2:1 (node a): not UTF-8 (byte 0xff at offset 4)"),
+    ("{{ 'x' * 10000000000 }}\n", "exceeds 1048576 bytes"),
+])
+def test_template_failures_exit_2(project: Project, topo: Path,
+                                  capsys: pytest.CaptureFixture[str], template: str | bytes,
+                                  message: str) -> None:
+    path = project.prompts / "task.md.j2"
+    if isinstance(template, bytes):
+        path.write_bytes(template)
+    else:
+        path.write_text(template)
+    for verb in ("plan", "run"):
+        _invalid(project, capsys, project.cli(verb, str(topo)), message)
+
+
+@pytest.mark.parametrize(("agents", "message"), [
+    ("{1: {kind: simulated}}", "agents: key 1 is not a string; names here are strings"),
+    ("{null: {kind: simulated}}", "agents: key null is not a string"),
+])
+def test_non_string_agent_names(project: Project, capsys: pytest.CaptureFixture[str],
+                                agents: str, message: str) -> None:
+    project.write_topology("schema_version: 1\nname: t\nagents: " + agents +
+                           "\nnodes:\n  - {id: a, prompt: task.md.j2}\n")
+    _invalid(project, capsys, project.cli("plan", str(project.topology)),
+             f"{project.topology}:3: {message}")
+
+
+def test_deeply_nested_large_yaml(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    nodes = "".join(f"  - {{id: n{i}, prompt: task.md.j2}}\n" for i in range(8000))
+    project.write_topology("schema_version: 1\nname: t\ndescription: " + "[" * 900
+                           + "]" * 900 + "\nnodes:\n" + nodes)
+    assert os.path.getsize(project.topology) > 256 * 1024
+    _invalid(project, capsys, project.cli("plan", str(project.topology)),
+             "nest more than 64 levels deep")
+
+
+def test_a_valid_deadline_is_recorded_from_the_run_start(
+        project: Project, topo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import time
+
+    from runtime.ledger import RunStarted, read_events
+
+    before = time.time()
+    code = main(project.cli("run", str(topo), "--run-id", "dl", "--deadline", "3600"))
+    capsys.readouterr()
+    started = read_events(project.artifacts / "runs" / "dl" / "ledger.jsonl")[0]
+    assert code == 0 and isinstance(started, RunStarted)
+    assert before + 3600 <= started.settings["deadline_at"] <= time.time() + 3600
