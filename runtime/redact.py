@@ -24,7 +24,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .redact_formats import FORMATS
+from .redact_formats import ANCHORS, FORMATS
 
 _ANSI = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"           # CSI: colours, cursor movement
@@ -68,7 +68,12 @@ _KEYS: list[tuple[str, re.Pattern[str]]] = [
 _KEY_ANCHORS = ("PRIVATE KEY", "PRIVATE KEY", "PRIVATE KEY", "Private-MAC")
 
 # -- vendor formats -------------------------------------------------------------------
-_FORMATS = [(kind, re.compile(p)) for kind, p in FORMATS]
+def _anchor(kind: str, pattern: str) -> str:
+    """A literal every match contains, when the pattern does not start with one."""
+    return ANCHORS.get(kind, "") if pattern[0] in "\\[" else ""
+
+
+_FORMATS = [(kind, re.compile(p), _anchor(kind, p)) for kind, p in FORMATS]
 _WORDCHAR = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 # Formats that sit inside a larger word by design (Telegram's ``/bot<token>/``).
 _EMBEDDED = frozenset({"telegram_bot_token", "slack_webhook", "teams_webhook",
@@ -100,7 +105,7 @@ def _entropy(value: str) -> float:
 
 
 _PLACEHOLDER = re.compile(
-    r"(?i)^(?:\$\{?[\w.-]+\}?|\$\{\{.*\}\}|\{\{.*\}\}|<[^>]*>|%\(?[\w]+\)?s?|%[\w]+%|"
+    r"(?i)^(?:\$\{?[A-Za-z_][\w.-]{0,40}\}?|\$\{\{.*\}\}|\{\{.*\}\}|<[^>]*>|%\(?[\w]+\)?s?|%[\w]+%|"
     r"\[redacted[^\]]*\]|x{3,}|\*{3,}|\.{3,}|-+|_+|changeme|change_me|changeit|example|"
     r"sample|dummy|placeholder|(?:your|my)[_-]?[a-z_-]*|none|null|nil|true|false|yes|no|on|"
     r"off|enabled?|disabled?|required|optional|undefined|redacted|hidden|masked|secret|"
@@ -111,7 +116,12 @@ _PLACEHOLDER = re.compile(
 
 def is_placeholder(value: str) -> bool:
     """A value that names or stands for a secret rather than being one."""
-    return bool(_PLACEHOLDER.match(value)) or "EXAMPLE" in value
+    # Vendors document example keys with EXAMPLE in them (AKIAIOSFODNN7EXAMPLE); masked
+    # ones end in a run of one character (ghp_xxxx..., sk_live_XXXX...).
+    return bool(_PLACEHOLDER.match(value) or _MASKED.search(value)) or "EXAMPLE" in value
+
+
+_MASKED = re.compile(r"(.)\1{11,}$")
 
 
 def _is_path(value: str) -> bool:
@@ -326,12 +336,14 @@ MIN_LITERAL = 6
 
 def _format_spans(text: str) -> list[tuple[int, int, str]]:
     spans = []
-    for kind, pattern in _FORMATS:
+    for kind, pattern, anchor in _FORMATS:
+        if anchor and anchor not in text:
+            continue
         for m in pattern.finditer(text):
             start = m.start()
             if start and text[start - 1] in _WORDCHAR and kind not in _EMBEDDED:
                 continue
-            if "EXAMPLE" in m.group():  # vendors' documented examples
+            if is_placeholder(m.group()):
                 continue
             spans.append((start, m.end(), kind))
     return spans

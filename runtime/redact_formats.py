@@ -24,6 +24,15 @@ def _p(prefixes: str, body: str, end: str = _B) -> str:
     return f"(?:{alts}){body}{end}"
 
 
+# Patterns that do not start with a literal are scanned only when this literal, which
+# every match contains, is in the text (a scan costs ~20 ns a character, an ``in`` ~0.3).
+ANCHORS: dict[str, str] = {
+    "telegram_bot_token": ":A", "azure_client_secret": "Q~", "terraform_token": ".atlasv1.",
+    "maxmind_key": "_mmk", "salesforce_token": "!", "mailchimp_key": "-us",
+    "tableau_token": "==:", "airtable_token": ".v1.", "dropbox_token": "AAAAAAAAAA",
+    "sidekiq_credentials": "contribsys",
+}
+
 # kind -> patterns. Kinds name the vendor (what a reader of the redacted text needs).
 FORMATS: list[tuple[str, str]] = [
     ("github_token", _p("ghp_ gho_ ghu_ ghs_ ghr_", A + "{30,255}")),
@@ -212,7 +221,7 @@ FORMATS: list[tuple[str, str]] = [
     ("clickup_token", _p("pk_", r"\d{6,9}_" + A + "{32}")),
     ("lob_key", _p("live_ test_", H + "{35}")),
     ("mailchimp_key", H + r"{32}-us\d{1,2}" + _B),
-    ("mapbox_token", _p("pk. sk. tk.", r"eyJ[\w.-]{40,}|[a-z0-9]{60}\.[a-z0-9]{22}", "")),
+    ("mapbox_token", _p("pk. sk. tk.", r"(?:eyJ[\w.-]{40,}|[a-z0-9]{60}\.[a-z0-9]{22})", "")),
     ("midtrans_key", _p("Mid-server- SB-Mid-server-", r"\w{10,}")),
     ("new_relic_key", _p("NRAK- NRII- NRJS-", r"[A-Za-z0-9-]{19,}")),
     ("pagerduty_token", _p("u+", r"[\w+-]{18}")),
@@ -231,7 +240,7 @@ FORMATS: list[tuple[str, str]] = [
     ("checkout_key", _p("sk_ sk_sbox_", _UUID)),
     ("clerk_key", _p("sk_live_ sk_test_", A + "{32}")),
     ("tableau_token", B64 + r"{22}==:" + A + "{32}" + _B),
-    ("airtable_token", r"[A-Za-z0-9]{14,}\.v1\.[\w-]{10,}\.[a-f0-9]{10,}" + _B),
+    ("airtable_token", r"[A-Za-z0-9]{14,24}\.v1\.[\w-]{10,}\.[a-f0-9]{10,}" + _B),
     ("dropbox_token", r"[a-z0-9]{11}AAAAAAAAAA[\w=-]{43}" + _B),
     ("temporal_key", _p("eyJ", r"[\w-]{10,}\.[\w-]*Y2NvdW50X2lk[\w.-]{40,}")),
     ("gitlab_session", _p("_gitlab_session=", "[0-9a-z]{32}")),
