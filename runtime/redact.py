@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .redact_formats import ANCHORS, FORMATS
@@ -70,10 +70,26 @@ _KEY_ANCHORS = ("PRIVATE KEY", "PRIVATE KEY", "PRIVATE KEY", "Private-MAC")
 # -- vendor formats -------------------------------------------------------------------
 def _anchor(kind: str, pattern: str) -> str:
     """A literal every match contains, when the pattern does not start with one."""
+    if kind == "facebook_token" and pattern.startswith("\\d"):
+        return "|" if "|" in pattern else "%7C"
     return ANCHORS.get(kind, "") if pattern[0] in "\\[" else ""
 
 
-_FORMATS = [(kind, re.compile(p), _anchor(kind, p)) for kind, p in FORMATS]
+_ALTERNATIVES = re.compile(r"\(\?:((?:[^()|\\[\]{}]|\\.)+(?:\|(?:[^()|\\[\]{}]|\\.)+)*)\)")
+
+
+def _split(pattern: str) -> list[str]:
+    """``(?:ab|cd)rest`` as ``abrest`` and ``cdrest``: a pattern that starts with a
+    literal is searched for at C speed (sre's literal prefix scan), an alternation is
+    tried at every position, about 30 times slower on log text."""
+    m = _ALTERNATIVES.match(pattern)
+    if m is None:
+        return [pattern]
+    return [alt + pattern[m.end():] for alt in m.group(1).split("|")]
+
+
+_FORMATS = [(kind, re.compile(one), _anchor(kind, p))
+            for kind, p in FORMATS for one in _split(p)]
 _WORDCHAR = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 # Formats that sit inside a larger word by design (Telegram's ``/bot<token>/``).
 _EMBEDDED = frozenset({"telegram_bot_token", "slack_webhook", "teams_webhook",
@@ -339,7 +355,7 @@ def _format_spans(text: str) -> list[tuple[int, int, str]]:
     for kind, pattern, anchor in _FORMATS:
         if anchor and anchor not in text:
             continue
-        for m in pattern.finditer(text):
+        for m in _search(pattern, text, anchor):
             start = m.start()
             if start and text[start - 1] in _WORDCHAR and kind not in _EMBEDDED:
                 continue
@@ -347,6 +363,24 @@ def _format_spans(text: str) -> list[tuple[int, int, str]]:
                 continue
             spans.append((start, m.end(), kind))
     return spans
+
+
+def _search(pattern: re.Pattern[str], text: str, anchor: str) -> Iterator[re.Match[str]]:
+    """Matches of a pattern that does not start with a literal: only around each
+    occurrence of its anchor, from the start of the token the anchor is in (a scan of
+    the whole text costs ~20 ns a character)."""
+    if not anchor:
+        yield from pattern.finditer(text)
+        return
+    pos = 0
+    while (i := text.find(anchor, pos)) >= 0:
+        low = max(0, i - 256)
+        start = max(low, pos, *(text.rfind(c, low, i) + 1 for c in " \t\n\"'`"))
+        end = min(len(text), i + 1024)
+        for m in pattern.finditer(text, start, end):
+            yield m
+            pos = max(pos, m.end())
+        pos = max(pos, i + len(anchor))
 
 
 def _apply(text: str, spans: list[tuple[int, int, str]]) -> str:

@@ -30,7 +30,7 @@ ANCHORS: dict[str, str] = {
     "telegram_bot_token": ":A", "azure_client_secret": "Q~", "terraform_token": ".atlasv1.",
     "maxmind_key": "_mmk", "salesforce_token": "!", "mailchimp_key": "-us",
     "tableau_token": "==:", "airtable_token": ".v1.", "dropbox_token": "AAAAAAAAAA",
-    "sidekiq_credentials": "contribsys",
+    "sidekiq_credentials": "contribsys", "facebook_token": "|",
 }
 
 # kind -> patterns. Kinds name the vendor (what a reader of the redacted text needs).
@@ -130,7 +130,8 @@ FORMATS: list[tuple[str, str]] = [
     ("elastic_key", _p("essu_", S + "{60,}={0,2}", "")),
     ("exoscale_key", _p("EXO", A + "{24,30}")),
     ("facebook_token", _p("EAAC EAAM EAAG EAAB", A + "{60,}")),
-    ("facebook_token", r"\d{15,16}(?:\||%7C)[\w-]{27,40}" + _B),
+    ("facebook_token", r"\d{15,16}\|[\w-]{27,40}" + _B),
+    ("facebook_token", r"\d{15,16}%7C[\w-]{27,40}" + _B),
     ("figma_token", _p("figd_", S + "{38,}")),
     ("flutterwave_key", _p("FLWSECK_TEST- FLWSECK-", H + r"{12,32}(?:-X)?")),
     ("fly_token", _p("FlyV1", r"\s[\w=,/+-]{40,}", "")),
