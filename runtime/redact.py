@@ -61,11 +61,15 @@ _KEYS: list[tuple[str, re.Pattern[str]]] = [
     # Headless: whole lines of base64 (real or JSON-escaped newlines) ending in END.
     ("private_key", re.compile(rf"(?m)^(?:[A-Za-z0-9+/=]{{8,}}\n)+{_END}")),
     ("private_key", re.compile(rf"(?:[A-Za-z0-9+/=]{{8,}}\\n)+{_END}")),
+    # A stream that stopped inside a key (an agent killed by its timeout mid-print):
+    # full-width key lines (64 for PEM and PuTTY, 70 for OpenSSH) up to the very end.
+    ("private_key", re.compile(
+        r"(?m)^(?:[A-Za-z0-9+/]{64}\n|[A-Za-z0-9+/]{70}\n){2,}[A-Za-z0-9+/=]{0,70}\n?\Z")),
     # PuTTY: the private lines and the MAC, with or without their header.
     ("private_key", re.compile(
         r"(?m)(?:^Private-Lines: *\d+\n)?(?:^[A-Za-z0-9+/=]{8,}\n)*^Private-MAC: *[0-9a-fA-F]+")),
 ]
-_KEY_ANCHORS = ("PRIVATE KEY", "PRIVATE KEY", "PRIVATE KEY", "Private-MAC")
+_KEY_ANCHORS = ("PRIVATE KEY", "PRIVATE KEY", "PRIVATE KEY", "", "Private-MAC")
 
 # -- vendor formats -------------------------------------------------------------------
 def _anchor(kind: str, pattern: str) -> str:

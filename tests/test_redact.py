@@ -199,3 +199,14 @@ def test_a_sample_stays_redacted_whatever_surrounds_it(
         before: str, after: str, sample: secret_families.Sample) -> None:
     out = Redactor().redact(f"{before}\n{sample.line}\n{after}")
     assert not [x for x in (*sample.secrets, *sample.fragments) if x in out]
+
+
+@pytest.mark.parametrize("width", [64, 70])
+def test_key_whose_stream_stopped_mid_body_is_redacted(width: int) -> None:
+    """An agent killed by its timeout while printing a key: no BEGIN (cut by the tail)
+    and no END (never written)."""
+    rng = random.Random(width)
+    _, body = secret_families.private_key_block(rng, "OPENSSH PRIVATE KEY", 4000, width)
+    out = Redactor().clean("timed out after 30 s\n" + "\n".join(body[10:40]), 4096)
+    assert not [line for line in body[10:40] if line in out]
+    assert out.startswith("timed out after 30 s\n")
