@@ -28,7 +28,7 @@ from .feedback import fingerprint, render_preamble
 from .files import UnsafeFileError, read_capped, replace_atomically, write_read_only
 from .ledger import AttemptFinished, AttemptRecord, AttemptStarted
 from .records import AttemptContext
-from .redact import Redactor
+from .redact import Redactor, sanitize
 from .rundir import InputMismatch
 
 log = logging.getLogger(__name__)
@@ -213,9 +213,20 @@ class Attempt:
             "RUNTIME_ATTEMPT_CONTEXT": str((self.dir / "attempt.json").absolute()),
         }
 
+    def _error_tail(self, stderr: BoundedCapture) -> str:
+        """The last ERROR_LIMIT characters of stderr, redacted before they are bounded: a
+        window twice as wide goes through the redactor first, so a multi-line key whose
+        BEGIN line falls just outside the tail is still recognised and removed."""
+        clean = self.ctx.redactor.redact(sanitize(stderr.tail_text(2 * ERROR_LIMIT)))
+        if len(clean) <= ERROR_LIMIT:
+            return clean
+        cut = clean[-ERROR_LIMIT:]
+        newline = cut.find("\n")
+        return cut[newline + 1:] if newline >= 0 else ""
+
     def _classify(self, exit_: AgentExit, stderr: BoundedCapture, timeout: float,
                   ) -> tuple[FailureClass | None, str]:
-        tail = stderr.tail_text(ERROR_LIMIT)
+        tail = self._error_tail(stderr)
         if exit_.launch_error is not None:
             return FailureClass.LAUNCH_ERROR, exit_.launch_error
         if exit_.cancelled:

@@ -216,3 +216,26 @@ def test_attempt_files_and_environment(project: Project) -> None:
     assert Path(env["RUNTIME_ATTEMPT_CONTEXT"]) == adir / "attempt.json"
     ctx = json.loads((adir / "attempt.json").read_text())
     assert ctx["outcome"] == "succeeded" and ctx["stdout_bytes"] == 4
+
+
+def test_a_key_longer_than_the_error_tail_reaches_no_record(project: Project) -> None:
+    """Issue 11: the BEGIN line of a long key falls outside the 4 KiB error tail; the
+    stream is redacted before it is bounded, so no line of the key body is recorded."""
+    script = ("import base64, os, sys\n"
+              "lines = [base64.b64encode(os.urandom(48)).decode() for _ in range(120)]\n"
+              "sys.stderr.write('-----BEGIN RSA PRIVATE KEY-----\\n' + '\\n'.join(lines)"
+              " + '\\n-----END RSA PRIVATE KEY-----\\nfatal: bad key\\n')\n"
+              "open('body.txt', 'w').write('\\n'.join(lines))\n"
+              "sys.exit(1)\n")
+    topo = _topo("cmd", max_attempts=1)
+    topo["agents"]["cmd"] = {"kind": "command", "argv": ["python3", "-c", script]}
+    run_topology(project, topo)
+    run_dir = project.artifacts / "runs" / "test-run"
+    body = (run_dir / "nodes" / "a" / "workspace" / "body.txt").read_text().splitlines()
+    records = [run_dir / "ledger.jsonl", run_dir / "state.json",
+               run_dir / "nodes" / "a" / "attempts" / "1" / "attempt.json"]
+    for path in records:
+        text = path.read_text()
+        assert "fatal: bad key" in text or path.name == "state.json"
+        leaked = [line for line in body if line in text or line[:20] in text]
+        assert leaked == [], f"{path.name} carries {len(leaked)} lines of the key body"
