@@ -270,9 +270,15 @@ def test_blips_are_retried_within_the_attempt(h: Harness, blip: Any) -> None:
     assert result.exit_code == 0 and len(h.requests) == 2 and h.waits == [0.25]
 
 
-def test_a_blip_pause_honours_retry_after(h: Harness) -> None:
-    result, _ = h.run([httpx.Response(502, headers={"retry-after": "3"}), ok("x")])
-    assert result.exit_code == 0 and h.waits == [3.0]
+def test_a_blip_pause_honours_a_short_retry_after(h: Harness) -> None:
+    result, _ = h.run([httpx.Response(502, headers={"retry-after": "1.5"}), ok("x")])
+    assert result.exit_code == 0 and h.waits == [1.5]
+
+
+def test_a_long_retry_after_on_a_5xx_goes_to_the_executor(h: Harness) -> None:
+    result, _ = h.run([httpx.Response(502, headers={"retry-after": "120"}), ok("x")])
+    assert result.failure is FailureClass.RATE_LIMITED and result.retry_after_s == 120.0
+    assert h.waits == [] and len(h.requests) == 1
 
 
 def test_a_broken_connection_after_the_retries_is_agent_exit(h: Harness) -> None:
@@ -350,7 +356,7 @@ def test_an_oversized_streamed_reply_stops_at_the_cap(h: Harness) -> None:
 
 
 def test_a_gzip_bomb_stops_at_the_cap(h: Harness) -> None:
-    bomb = gzip.compress(b"\0" * (64 << 20), 9)  # ~64 KB on the wire
+    bomb = gzip.compress(b"\0" * (20 << 20), 1)  # ~90 KB on the wire
     result, _ = h.run([streamed(200, bomb, {"content-encoding": "gzip"})])
     assert result.summary == ("reply refused: the reply is larger than 16777216 bytes after "
                               "decompression")

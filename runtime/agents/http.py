@@ -17,12 +17,14 @@ message as the one-line ``summary``:
 - 401, 403: ``agent_auth``. Other 4xx, and redirects (not followed): ``agent_rejected``.
 - Connection refused, DNS failure, no connection within ``CONNECT_TIMEOUT_S``:
   ``agent_unreachable``.
-- 429, 529, a 5xx that says "overloaded", a 503 with ``Retry-After``: ``rate_limited``,
-  at once, with the provider's ``Retry-After`` in ``retry_after_s``: the executor waits,
-  within the node's wait budget; the adapter never sleeps on a rate limit.
+- 429, 529, a 5xx that says "overloaded", a 503 with ``Retry-After``, a 5xx or 408 whose
+  ``Retry-After`` is longer than a blip's pause: ``rate_limited``, at once, with the
+  provider's ``Retry-After`` in ``retry_after_s``: the executor waits, within the node's
+  wait budget; the adapter never sleeps on a rate limit.
 - Other 5xx, 408, and a connection that breaks mid-exchange: retried in the adapter at
-  most ``max_retries`` times, ``BLIP_PAUSES_S`` apart, within the deadline; then
-  ``agent_exit``. So is a malformed or oversized reply.
+  most ``max_retries`` times, ``BLIP_PAUSES_S`` apart (or the server's shorter
+  ``Retry-After``), within the deadline; then ``agent_exit``. So is a malformed or
+  oversized reply.
 - A 200 whose body carries an ``error`` object, a refusal, a ``content_filter`` stop, or
   file blocks that cannot be written: ``contradictory_completion`` (exit 0 with
   ``reported_error``), naming each block and why.
@@ -173,7 +175,7 @@ class HttpAgent:
             try:
                 reply = self._post(inv, key, deadline)
                 why, after = f"HTTP {reply.status}", None
-                if n == tries or not _is_blip(reply):
+                if n == tries or not _is_blip(reply, self._wall()):
                     return reply
                 after = retry_after(reply.headers, self._wall())
             except (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError) as exc:
@@ -341,6 +343,9 @@ def classify(reply: Reply, now: float) -> Verdict:
             or (status == 503 and after is not None))):
         return Verdict(FailureClass.RATE_LIMITED, summary, retry_after_s=after)
     if status == 408 or status >= 500:
+        if after is not None and after > BLIP_PAUSES_S[-1]:
+            # The server asks for more than a blip's pause: the executor's wait, not ours.
+            return Verdict(FailureClass.RATE_LIMITED, summary, retry_after_s=after)
         return Verdict(FailureClass.AGENT_EXIT, summary, blip=True)
     if 300 <= status < 400:
         where = reply.headers.get("location", "")
@@ -350,8 +355,8 @@ def classify(reply: Reply, now: float) -> Verdict:
     return Verdict(FailureClass.AGENT_REJECTED, summary)
 
 
-def _is_blip(reply: Reply) -> bool:
-    return not 200 <= reply.status < 300 and classify(reply, 0.0).blip
+def _is_blip(reply: Reply, now: float) -> bool:
+    return not 200 <= reply.status < 300 and classify(reply, now).blip
 
 
 def retry_after(headers: Mapping[str, str], now: float) -> float | None:
