@@ -183,6 +183,10 @@ def main() -> int:
     print(f"\nparse, {len(closed) // 1000} KB of closed fences:   {t_closed * 1000:8.1f} ms")
     print(f"parse, {len(UNCLOSED) // 1000} KB of unclosed fences: {t_unclosed * 1000:8.1f} ms "
           f"({t_unclosed / t_closed:.2f}x closed)")
+    widths = "".join("`" * (10 - i % 8) + f"txt file=f{i}\n" for i in range(480_000 // 20))
+    t_widths = timed(parse, widths)
+    print(f"parse, {len(widths) // 1000} KB of unclosed fences of 10..3 backticks: "
+          f"{t_widths * 1000:8.1f} ms ({t_widths / t_closed:.2f}x closed)")
     t12, t24 = timed(OLD_FENCE.findall, UNCLOSED[:12_000]), timed(OLD_FENCE.findall,
                                                                     UNCLOSED[:24_000])
     print(f"old regex, 12 KB unclosed: {t12 * 1000:8.1f} ms; 24 KB: {t24 * 1000:8.1f} ms "

@@ -31,9 +31,22 @@ def test_a_longer_fence_holds_shorter_ones() -> None:
     assert [b.text for b in parse(reply).blocks] == ["# T\n```sh\nls\n```\n"]
 
 
-def test_a_block_inside_another_fence_is_content_not_a_file() -> None:
-    reply = "```text\n```json file=x.json\n{}\n```\n"
-    assert parse(reply).blocks == []
+def test_other_fences_are_prose_even_unclosed_or_stray() -> None:
+    reply = ("```md file=R.md\n# x\n```bash\nls\n```\n```\n"  # nested: R.md is cut
+             "```json file=findings.json\n{}\n```\n```python\nnever closed\n")
+    parsed = parse(reply)
+    assert [(b.path, b.text) for b in parsed.blocks] == [
+        ("R.md", "# x\n```bash\nls\n"), ("findings.json", "{}\n")]
+
+
+def test_an_unclosed_wide_block_leaves_narrower_ones_after_it() -> None:
+    parsed = parse("````md file=a.md\nx\n```txt file=b.txt\ny\n```\n")
+    assert [b.path for b in parsed.blocks] == ["b.txt"]
+    assert parsed.unclosed is not None and parsed.unclosed.path == "a.md"
+
+
+def test_a_fence_wider_than_ten_backticks_opens_nothing() -> None:
+    assert parse("`" * 11 + "txt file=a\nx\n" + "`" * 11 + "\n").blocks == []
 
 
 def test_crlf_replies_close_their_blocks() -> None:
@@ -46,11 +59,15 @@ def test_an_unclosed_block_is_reported_not_written() -> None:
     assert parsed.unclosed is not None and parsed.unclosed.path == "b.json"
 
 
-def test_many_unclosed_fences_parse_in_one_pass() -> None:
+@pytest.mark.parametrize("reply", [
+    "```json file=a.json\n" * 30_000,
+    "".join("`" * (10 - i % 8) + f"txt file=f{i}\n" for i in range(30_000)),
+])
+def test_many_unclosed_fences_parse_in_bounded_passes(reply: str) -> None:
     # Issue 8: 480 KB of these took 100 s with the old regex (timing: benchmarks/).
-    reply = "```json file=a.json\n" * 30_000
     parsed = parse(reply)
     assert parsed.blocks == [] and parsed.unclosed is not None
+    assert parsed.unclosed.line == 1
 
 
 def test_blocks_past_the_cap_are_counted_not_kept() -> None:

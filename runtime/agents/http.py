@@ -54,6 +54,7 @@ OUTPUT_PROTOCOL = (
     "Write each required artifact as a fenced code block whose info string is "
     "file=<path>, with the path relative to the workspace, for example:\n"
     "```json file=findings.json\n{...}\n```\n"
+    "Fence a file that itself holds ``` lines with more backticks (````). "
     "Everything outside such blocks is kept as your reply."
 )
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -236,20 +237,20 @@ class HttpAgent:
             return self._failed(inv, FailureClass.AGENT_EXIT,
                                 f"malformed reply (not JSON: {_reason(exc)})", scrub,
                                 detail=_text(reply.body, 2000))
-        content, why = _content(body)
+        content, refusal, why = _content(body)
+        if refusal is not None:
+            return AgentExit(exit_code=0, summary=refusal, reported_error=refusal)
+        if content is None and isinstance(body, dict) and body.get("error"):
+            message = _error_message(body)
+            inv.stderr.write(scrub(f"http agent: error in a 200 reply: {message}\n"))
+            if _overloaded(body, message):
+                return AgentExit(exit_code=1, failure=FailureClass.RATE_LIMITED,
+                                 summary=message)
+            return AgentExit(exit_code=0, summary=message, reported_error=(
+                f"the endpoint reported an error with status 200: {message}"))
         if content is None:
-            if isinstance(body, dict) and body.get("error"):
-                message = _error_message(body)
-                inv.stderr.write(scrub(f"http agent: error in a 200 reply: {message}\n"))
-                if _overloaded(body, message):
-                    return AgentExit(exit_code=1, failure=FailureClass.RATE_LIMITED,
-                                     summary=message)
-                return AgentExit(exit_code=0, summary=message, reported_error=(
-                    f"the endpoint reported an error with status 200: {message}"))
-            if why.startswith("the model refused"):
-                return AgentExit(exit_code=0, summary=why, reported_error=why)
             return self._failed(inv, FailureClass.AGENT_EXIT, f"malformed reply ({why})",
-                                scrub, detail=_text(json.dumps(body).encode(), 2000))
+                                scrub, detail=_text(reply.body, 2000))
         return self._write_reply(inv, scrub(content), body)
 
     def _write_reply(self, inv: Invocation, content: str, body: Any) -> AgentExit:
@@ -313,20 +314,19 @@ class _Scrubber:
                        launch_error=clean(result.launch_error))
 
 
-def _content(body: Any) -> tuple[str | None, str]:
-    """``choices[0].message.content``, or None and why not."""
+def _content(body: Any) -> tuple[str | None, str | None, str]:
+    """``choices[0].message.content``; else a refusal (as a message); else why neither."""
     try:
-        choice = body["choices"][0]
-        message = choice["message"]
+        message = body["choices"][0]["message"]
         content = message.get("content")
     except (KeyError, IndexError, TypeError, AttributeError):
-        return None, "no choices[0].message"
+        return None, None, "no choices[0].message"
     if isinstance(content, str):
-        return content, ""
+        return content, None, ""
     refusal = message.get("refusal")
     if isinstance(refusal, str) and refusal:
-        return None, f"the model refused: {_one_line(refusal)}"
-    return None, "message.content is not a string"
+        return None, f"the model refused: {_one_line(refusal)}", ""
+    return None, None, "message.content is not a string"
 
 
 def classify(reply: Reply, now: float) -> Verdict:

@@ -5,9 +5,9 @@ a regex took 100 s on 480 KB of unclosed fences), capped in count and name lengt
 written without following any symlink or hard link already in the workspace. Whatever
 cannot be written comes back as a problem naming the block, never as an exception.
 
-Fences follow CommonMark's rule for backticks: a block opened by N >= 3 backticks closes
-at the first line of at least N backticks and nothing else, so a Markdown file that holds
-``` blocks can be sent inside a ```` block.
+A block opened by N backticks (3 to 10) closes at the first line of at least N backticks
+and nothing else, as in CommonMark, so a Markdown file that holds ``` blocks can be sent
+inside a ```` block.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ MAX_DEPTH = 32
 # inputs/ holds the read-only copies of upstream artifacts; reply.md is the whole reply.
 RESERVED = ("inputs", "reply.md")
 
-_OPENER = re.compile(r"(`{3,})([^`\n]*)\Z")
+MAX_FENCE = 10  # backticks in an opening fence
+_OPENER = re.compile(r"(`{3,10})(?!`)([^`\n]*)\Z")  # 10: MAX_FENCE
 _FILE = re.compile(r"\bfile=([^\s`]+)")
 
 
@@ -49,29 +50,37 @@ class Parsed:
 
     blocks: list[Block] = field(default_factory=list)
     total: int = 0  # file blocks seen, including those past the cap
-    unclosed: Block | None = None  # a file block still open at the end of the reply
+    unclosed: Block | None = None  # the first file block never closed (its text unkept)
 
 
 def parse(reply: str) -> Parsed:
-    """Every closed ``file=`` block of ``reply``, in one pass over its lines."""
+    """Every closed ``file=`` block of ``reply``, in a bounded number of passes over its
+    lines. Other fences are prose: a stray or unclosed ```python cannot hide the file
+    blocks after it."""
     parsed = Parsed()
     lines = reply.split("\n")
+    # Openers at least this wide are known to have no closer below them: skipped at once,
+    # so each of the at most 8 widths scans to the end at most once.
+    unclosed_width = MAX_FENCE + 1
     i = 0
     while i < len(lines):
         opener = _OPENER.match(lines[i].rstrip("\r"))
-        if opener is None:
+        named = _FILE.search(opener.group(2)) if opener is not None else None
+        if opener is None or named is None:
             i += 1
             continue
-        width, named = len(opener.group(1)), _FILE.search(opener.group(2))
-        end = _closing(lines, i + 1, width)
-        if named is not None:
-            block = Block(named.group(1), "\n".join(lines[i + 1:end]) + "\n", i + 1)
-            if end == len(lines):
-                parsed.unclosed = block
-                break
-            parsed.total += 1
-            if len(parsed.blocks) < MAX_FILES:
-                parsed.blocks.append(block)
+        width = len(opener.group(1))
+        end = len(lines) if width >= unclosed_width else _closing(lines, i + 1, width)
+        if end == len(lines):
+            unclosed_width = min(unclosed_width, width)
+            if parsed.unclosed is None:
+                parsed.unclosed = Block(named.group(1), "", i + 1)
+            i += 1
+            continue
+        parsed.total += 1
+        if len(parsed.blocks) < MAX_FILES:
+            parsed.blocks.append(Block(named.group(1), "\n".join(lines[i + 1:end]) + "\n",
+                                       i + 1))
         i = end + 1
     return parsed
 
