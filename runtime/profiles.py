@@ -64,7 +64,11 @@ class HttpProfile(_Profile):
     api_key_env: str | None = Field(
         default=None, description="Name of the environment variable holding the API key."
     )
-    max_retries: int = Field(default=3, ge=0, le=10, description="Retries on 429 and 5xx.")
+    max_retries: int = Field(
+        default=3, ge=0, le=10,
+        description="Retries within one attempt on a 5xx, a 408 or a dropped connection, "
+        "0.25 to 2 s apart. A 429 is never retried here: it ends the attempt as "
+        "rate_limited, with the provider's Retry-After, for the executor to wait out.")
 
 
 class PythonProfile(_Profile):
