@@ -106,6 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, plans=False)
     p.set_defaults(handler=cmd_show)
 
+    p = sub.add_parser("doctor", help="check the agent profiles plans would use: program, "
+                       "version, login (the pre-flight of run and batch)")
+    p.add_argument("targets", nargs="*", type=Path, metavar="TOPOLOGY|PLAN",
+                   help="topology files, plan or topology directories (default: topologies/)")
+    p.add_argument("--agent", metavar="PROFILE", help="check only this profile, as "
+                   "`run --agent PROFILE` would use it")
+    _common(p, plans=True)
+    p.set_defaults(handler=cmd_doctor)
+
     p = sub.add_parser("schema", help="print the topology JSON Schema")
     _common(p, plans=False)
     p.set_defaults(handler=cmd_schema)
@@ -122,6 +131,8 @@ def _override_options(p: argparse.ArgumentParser) -> None:
                    "(NODE may be '*'); prompt digests are unchanged")
     p.add_argument("--redact", action="append", default=[], metavar="VALUE",
                    help="a literal to redact from error text (repeatable)")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="skip the agent checks of `runtime doctor` before the first node")
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
@@ -247,11 +258,35 @@ def cmd_run(args: argparse.Namespace) -> int:
         deadline_at=time.time() + args.deadline if args.deadline else None,
         overrides=parse_sets(args.sets, manifest),
         operator_prompt=_read_text(args.operator_prompt) if args.operator_prompt else None)
+    if not args.no_preflight:
+        settings = _preflight(manifest, settings, args.redact)
     with _cancel_on_signals() as cancel:
         result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
                            redactor=_redactor(args.redact), hooks=_hooks(cancel),
                            verified=verified)
     return _report_run(args, result)
+
+
+def _preflight(manifest: Any, settings: Any, redact: list[str]) -> Any:
+    """Refuse (exit 2) or skip the profiles that cannot run (runtime/preflight.py)."""
+    from .preflight import notes, preflight_run
+    from .run import check_settings
+
+    check_settings(manifest, settings)
+    settings, decision = preflight_run(manifest, settings, redactor=_redactor(redact))
+    for line in notes(decision):
+        sys.stderr.write(line + "\n")
+    return settings
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .preflight import checks_json, doctor, load_manifests, render_checks
+
+    targets = args.targets or [Path("topologies")]
+    manifests = load_manifests(targets, args.prompts, parse_vars(args.var))
+    checks, decisions = doctor(manifests, args.agent, redactor=_redactor([]))
+    _emit(args, checks_json(checks, decisions), render_checks(checks, decisions))
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -266,7 +301,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     topologies = expand(args.paths)
     options = BatchOptions(prompts=args.prompts, artifacts=args.artifacts, jobs=args.jobs,
                            node_jobs=args.node_jobs, agent=args.agent, sets=tuple(args.sets),
-                           batch_id=args.batch_id, redactor=_redactor(args.redact))
+                           batch_id=args.batch_id, redactor=_redactor(args.redact),
+                           preflight=not args.no_preflight)
     console = Console(stderr=True)
     live = not args.no_progress and not args.json and console.is_terminal
 
