@@ -39,6 +39,8 @@ class NodeSummary(BaseModel):
     status: NodeStatus
     attempts: int
     failure: str | None = None
+    summary: str = Field(default="", description="The last failed attempt's one-line "
+                         "summary: the agent's own reason when recognised.")
     succeeded_after_feedback: bool = False
 
 
@@ -219,8 +221,10 @@ def entry_of(path: Path, result: RunResult) -> BatchEntry:
         fed = _succeeded_after_feedback(result.run_dir, nid, ns)
         if fed:
             after_feedback.append(nid)
+        last = ns.last_failure if ns.status is NodeStatus.FAILED else None
         nodes[nid] = NodeSummary(status=ns.status, attempts=len(ns.attempts),
                                  failure=ns.failure.value if ns.failure else None,
+                                 summary=last.summary if last else "",
                                  succeeded_after_feedback=fed)
     status: EntryStatus = {RunStatus.SUCCEEDED: "succeeded", RunStatus.CANCELLED: "cancelled"
                            }.get(result.status, "failed")  # type: ignore[assignment]

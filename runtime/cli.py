@@ -434,8 +434,10 @@ def _describe(state: Any, run_dir: Path, *, verbose: bool) -> str:
         lines.append(f"  {nid:<24} {ns.status.value:<9} attempts {len(ns.attempts)}"
                      f"{': ' + outcomes if outcomes else ''}{extra}")
         last = ns.last_failure
-        if (verbose or ns.status == "failed") and last is not None and last.error:
-            first = last.error.strip().splitlines()
+        if (verbose or ns.status == "failed") and last is not None and (last.summary
+                                                                         or last.error):
+            # The agent's own reason when its adapter recognised one ("Not logged in").
+            first = (last.summary or last.error).strip().splitlines()
             lines.append(f"  {'':<24} last error: {first[0][:160] if first else ''}")
     return "\n".join(lines) + "\n"
 
