@@ -181,7 +181,33 @@ def _check_command(name: str, profile: CommandProfile, env: Mapping[str, str]) -
         return _with(base, FailureClass.AGENT_TIMEOUT,
                      f"{' '.join(pre)} did not finish in {PREFLIGHT_TIMEOUT_S:g} s", None)
     summary = reading.summary or ("" if reading.failure is None else f"exit status {code}")
+    if reading.failure is None and kind is AgentKind.CLAUDE:
+        unreachable = _claude_endpoint(agent_env)
+        if unreachable:  # logged in with a key, no way out: each attempt would wait ~190 s
+            return _with(base, FailureClass.AGENT_UNREACHABLE, unreachable,
+                         _fix(kind, profile, FailureClass.AGENT_UNREACHABLE))
     return _with(base, reading.failure, summary, _fix(kind, profile, reading.failure))
+
+
+def _claude_endpoint(agent_env: Mapping[str, str]) -> str | None:
+    """Can claude reach its API directly, as it will run (the environment allow-list
+    passes a proxy or another provider only when the profile lists it)? None: yes, or
+    it goes another way we do not check. Measured: with a key and no network, claude
+    -p reports ENOTFOUND after about 190 s."""
+    if any(k.lower().endswith("_proxy") for k in agent_env) or any(
+            k.startswith("CLAUDE_CODE_USE_") for k in agent_env):
+        return None
+    url = urlsplit(agent_env.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com")
+    return _connect(url.hostname or "", url.port or (443 if url.scheme == "https" else 80))
+
+
+def _connect(host: str, port: int) -> str | None:
+    """None when ``host:port`` accepts a TCP connection, else why not."""
+    try:
+        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
+            return None
+    except OSError as exc:
+        return f"cannot connect to {host}:{port}: {exc.strerror or exc}"
 
 
 def _check_http(name: str, profile: HttpProfile, env: Mapping[str, str]) -> ProfileCheck:
@@ -191,12 +217,9 @@ def _check_http(name: str, profile: HttpProfile, env: Mapping[str, str]) -> Prof
                      f"set {profile.api_key_env}")
     url = urlsplit(profile.base_url)
     port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((url.hostname or "", port), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as exc:
-        return _with(base, FailureClass.AGENT_UNREACHABLE,
-                     f"cannot connect to {url.hostname}:{port}: {exc.strerror or exc}",
+    unreachable = _connect(url.hostname or "", port)
+    if unreachable:
+        return _with(base, FailureClass.AGENT_UNREACHABLE, unreachable,
                      f"start the server at {profile.base_url} or fix base_url")
     return _with(base, None, f"{url.hostname}:{port} accepts connections", None)
 

@@ -95,3 +95,26 @@ def test_doctor_reports_both_clis(new_user: Path, capsys: pytest.CaptureFixture[
     version = json.loads((REPO / ".ci/agent-clis/package.json").read_text())["dependencies"]
     assert f"({version['@anthropic-ai/claude-code']} (Claude Code))" in out
     assert f"(codex-cli {version['@openai/codex']})" in out
+
+
+def test_claude_with_a_key_and_no_way_out_is_unreachable_at_preflight(
+        new_user: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Logged in by key (claude auth status passes), but the endpoint refuses: each
+    attempt would wait ~190 s for claude's own ENOTFOUND (recorded fixture)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data: dict[str, Any] = yaml.safe_load(
+        (REPO / "topologies" / "solidity-audit.yaml").read_text())
+    data["agents"]["claude"]["env"] = ["ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL"]
+    topology = tmp_path / "solidity-audit.yaml"
+    topology.write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-api03-" + "f" * 40)
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", f"http://127.0.0.1:{port}")
+    assert cli(new_user, "doctor", str(topology), "--agent", "claude") == 1
+    out = capsys.readouterr().out
+    assert f"FAIL  claude: agent_unreachable: cannot connect to 127.0.0.1:{port}" in out
+    assert "sk-ant-api03-" not in out

@@ -267,3 +267,19 @@ def test_shipped_profiles_declare_their_preflight() -> None:
                 expected = {"claude": ["claude", "auth", "status"],
                             "codex": ["codex", "login", "status"]}[profile.argv[0]]
                 assert profile.preflight == expected, f"{path.name}: {name}"
+
+
+@pytest.mark.parametrize(("env", "reached"), [
+    ({"HTTPS_PROXY": "http://proxy:3128"}, None),  # goes another way: not ours to check
+    ({"CLAUDE_CODE_USE_BEDROCK": "1"}, None),
+    ({"ANTHROPIC_BASE_URL": "http://127.0.0.1:{closed}"}, "cannot connect to 127.0.0.1:{closed}"),
+    ({"ANTHROPIC_BASE_URL": "http://127.0.0.1:{open}"}, None),
+])
+def test_claude_endpoint_is_checked_the_way_claude_would_go(
+        env: dict[str, str], reached: str | None, closed_port: int, open_port: int) -> None:
+    ports = {"closed": closed_port, "open": open_port}
+    got = preflight._claude_endpoint({k: v.format(**ports) for k, v in env.items()})
+    if reached is None:
+        assert got is None
+    else:
+        assert got is not None and got.startswith(reached.format(**ports))
