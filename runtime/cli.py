@@ -406,7 +406,8 @@ def _report_run(args: argparse.Namespace, result: Any) -> int:
     state = result.state
     nodes = {nid: {"status": ns.status.value, "attempts": len(ns.attempts),
                    "failure": ns.failure.value if ns.failure else None,
-                   "reason": ns.reason, "failed_ancestor": ns.failed_ancestor}
+                   "reason": ns.reason, "failed_ancestor": ns.failed_ancestor,
+                   "summary": ns.last_failure.summary if ns.last_failure else None}
              for nid, ns in state.nodes.items()}
     obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),
            "status": result.status.value, "nodes": nodes, "report": str(report)}

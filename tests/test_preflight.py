@@ -239,8 +239,10 @@ def test_run_refuses_before_the_first_node(project: Project,
 def test_run_no_preflight_tries_anyway(project: Project,
                                        capsys: pytest.CaptureFixture[str]) -> None:
     project.write_topology(topo(b={"agent": "sim"}))
-    assert main(project.cli("run", str(project.topology), "--no-preflight")) == 1
-    assert "a                        failed" in capsys.readouterr().out
+    assert main(project.cli("run", str(project.topology), "--no-preflight", "--json")) == 1
+    node = json.loads(capsys.readouterr().out)["nodes"]["a"]
+    assert node["status"] == "failed"
+    assert "can't open file" in node["summary"]  # python's own words, not "exit status 2"
 
 
 def test_batch_refuses_before_anything_runs(project: Project,
