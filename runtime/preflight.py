@@ -379,9 +379,21 @@ def preflight_batch(plans: Mapping[str, tuple[Manifest, RunSettings]], *,
 
 
 def apply(settings: RunSettings, decision: Decision) -> RunSettings:
+    """The run's settings with the failing profiles to skip (``skip_profiles``)."""
     if not decision.skip:
         return settings
-    return settings.model_copy(update={"skip_profiles": decision.skip})
+    if "skip_profiles" not in RunSettings.model_fields:
+        # Until the executor can start a node on its fallback (RunSettings.skip_profiles
+        # honoured by context.node_policy), a node that would need it is refused rather
+        # than silently run on a profile known to fail.
+        if decision.moved:
+            raise PreflightError([
+                f"{why}; nodes {', '.join(sorted(decision.moved))} would have to start on "
+                "a fallback, which this runtime cannot do yet"
+                for why in decision.skip.values()])
+        return settings
+    return RunSettings.model_validate({**settings.model_dump(),
+                                       "skip_profiles": decision.skip})
 
 
 def notes(decision: Decision) -> list[str]:

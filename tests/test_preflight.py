@@ -285,3 +285,23 @@ def test_claude_endpoint_is_checked_the_way_claude_would_go(
         assert got is None
     else:
         assert got is not None and got.startswith(reached.format(**ports))
+
+
+def test_run_starts_a_node_on_its_fallback(project: Project,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(topo(a={"fallback": ["sim"]}, b={"agent": "sim"}))
+    code = main(project.cli("run", str(project.topology), "--run-id", "r1"))
+    err = capsys.readouterr().err
+    if "skip_profiles" not in RunSettings.model_fields:  # the executor's seam is not there
+        assert code == 2
+        assert ("pre-flight: broken: agent_auth: Not logged in; nodes a would have to start "
+                "on a fallback, which this runtime cannot do yet") in err
+        return
+    assert code == 0
+    assert "pre-flight: skipping broken: agent_auth: Not logged in" in err
+    assert "pre-flight: starting on a fallback: a on sim" in err
+    ledger = (project.artifacts / "runs" / "r1" / "ledger.jsonl").read_text().splitlines()
+    started = [json.loads(line) for line in ledger if '"attempt.started"' in line]
+    assert [(e["node"], e["profile"]) for e in started] == [("a", "sim"), ("b", "sim")]
+    settings = json.loads(ledger[0])["settings"]
+    assert settings["skip_profiles"] == {"broken": "broken: agent_auth: Not logged in"}
