@@ -118,3 +118,37 @@ def test_claude_with_a_key_and_no_way_out_is_unreachable_at_preflight(
     out = capsys.readouterr().out
     assert f"FAIL  claude: agent_unreachable: cannot connect to 127.0.0.1:{port}" in out
     assert "sk-ant-api03-" not in out
+
+
+@pytest.mark.xfail(strict=True, reason="needs the executor change: agent_auth moves a node to "
+                   "its fallback at once (FailureClass.ends_profile); remove when it lands")
+def test_claude_not_logged_in_moves_to_the_fallback_at_once(
+        new_user: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """No pre-flight: the first attempt's agent_auth moves the node to its fallback,
+    never a second attempt on claude."""
+    topology = with_fallback(tmp_path, "solidity-audit.yaml", "claude")
+    assert cli(new_user, "run", str(topology), "--no-preflight", "--run-id", "f1") == 0
+    capsys.readouterr()
+    assert cli(new_user, "show", "f1") == 0
+    out = capsys.readouterr().out
+    assert "recon                    succeeded attempts 2: 1:agent_auth[claude], " \
+           "2:succeeded[demo]" in out
+
+
+@pytest.mark.xfail(strict=True, reason="needs RunSettings.skip_profiles honoured by "
+                   "context.node_policy; remove when it lands")
+@pytest.mark.parametrize(("shipped", "primary"), [("solidity-audit.yaml", "claude"),
+                                                   ("web-service-review.yaml", "codex")])
+def test_preflight_starts_every_node_on_the_fallback(
+        new_user: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], shipped: str,
+        primary: str) -> None:
+    topology = with_fallback(tmp_path, shipped, primary)
+    assert cli(new_user, "run", str(topology), "--run-id", "f2", "--json") == 0
+    captured = capsys.readouterr()
+    assert f"pre-flight: skipping {primary}: agent_auth: Not logged in" in captured.err
+    nodes = json.loads(captured.out)["nodes"]
+    assert {n["status"] for n in nodes.values()} == {"succeeded"}
+    assert {n["attempts"] for n in nodes.values()} == {1}
+    started = [json.loads(line) for line in (new_user / "runs/f2/ledger.jsonl").read_text()
+               .splitlines() if '"attempt.started"' in line]
+    assert {e["profile"] for e in started} == {"demo"}
