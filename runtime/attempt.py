@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from .agents import AgentExit, Invocation, make_agent
+from .agents.recognise import error_tail
 from .assemble import RuntimeContext, assemble_prompt
 from .capture import BoundedCapture
 from .context import AttemptSpec, RunContext
@@ -66,6 +67,7 @@ class Attempt:
         self.dir = ctx.layout.attempt_dir(spec.node_id, spec.number)
         self.started = ctx.clock()
         self._prompt_digest = ""
+        self._prompt_text = ""
         self._preamble_digest: str | None = None
         self._started = False
         self._summary_hint: str | None = None
@@ -118,6 +120,7 @@ class Attempt:
         prompt_bytes = prompt.encode()
         write_read_only(self.dir / "prompt.md", prompt_bytes)
         self._start(prompt_digest=blake3_hex(prompt_bytes), preamble=preamble)
+        self._prompt_text = prompt
         return self._invoke(prompt)
 
     def _plan_prompt(self) -> bytes:
@@ -217,7 +220,10 @@ class Attempt:
         """The last ERROR_LIMIT characters of stderr, redacted before they are bounded: a
         window twice as wide goes through the redactor first, so a multi-line key whose
         BEGIN line falls just outside the tail is still recognised and removed."""
-        clean = self.ctx.redactor.redact(sanitize(stderr.tail_text(2 * ERROR_LIMIT)))
+        # Lines echoing the prompt (codex prints it whole) are dropped first, or they
+        # would fill the budget with trusted text inside the untrusted block (issue 10).
+        wide = error_tail(stderr, self._prompt_text, 2 * ERROR_LIMIT)
+        clean = self.ctx.redactor.redact(sanitize(wide))
         if len(clean) <= ERROR_LIMIT:
             return clean
         cut = clean[-ERROR_LIMIT:]

@@ -25,6 +25,7 @@ from .ledger import Event, RunState
 from .overrides import parse_sets, split_set
 from .plan import CompiledPlan, plan_topology, write_plan
 from .policy import NodeOverrides
+from .preflight import Decision, apply, preflight_batch
 from .records import RunSettings, read_attempt_context
 from .redact import Redactor
 from .run import Hooks, RunResult, default_run_id, resume_run, start_run
@@ -39,6 +40,8 @@ class NodeSummary(BaseModel):
     status: NodeStatus
     attempts: int
     failure: str | None = None
+    summary: str = Field(default="", description="The last failed attempt's one-line "
+                         "summary: the agent's own reason when recognised.")
     succeeded_after_feedback: bool = False
 
 
@@ -81,6 +84,7 @@ class BatchOptions:
     sets: tuple[str, ...] = ()
     batch_id: str | None = None
     redactor: Redactor = field(default_factory=Redactor)
+    preflight: bool = True  # check agent profiles first (runtime/preflight.py)
 
 
 class Progress:
@@ -121,11 +125,12 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
     # no topology has is refused, before anything runs.
     planned = {str(path): _plan(path, options) for path in topologies}
     overrides = _overrides(options.sets, planned)
+    decisions = _preflight(planned, options) if options.preflight else {}
     batch_dir.mkdir(parents=True, exist_ok=True)
 
     def one(path: Path) -> BatchEntry:
         entry = _run_one(path, planned[str(path)], overrides.get(str(path), {}), batch_id,
-                         options, progress, cancel)
+                         options, progress, cancel, decisions.get(str(path)))
         if on_entry is not None:
             entry = on_entry(entry)
         with lock:
@@ -164,9 +169,16 @@ def _overrides(sets: Sequence[str], planned: dict[str, CompiledPlan | BatchEntry
     return {src: _sets_for(sets, p.manifest) for src, p in plans.items()}
 
 
+def _preflight(planned: dict[str, CompiledPlan | BatchEntry], options: BatchOptions,
+               ) -> dict[str, Decision]:
+    plans = {src: (p.manifest, RunSettings(agent=options.agent))
+             for src, p in planned.items() if isinstance(p, CompiledPlan)}
+    return preflight_batch(plans, redactor=options.redactor)
+
+
 def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, NodeOverrides],
              batch_id: str, options: BatchOptions, progress: Progress,
-             cancel: threading.Event) -> BatchEntry:
+             cancel: threading.Event, decision: Decision | None = None) -> BatchEntry:
     if isinstance(plan, BatchEntry):
         return plan
     manifest = plan.manifest
@@ -182,6 +194,7 @@ def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, N
             plan_dir = write_plan(plan, options.artifacts)
             settings = RunSettings(agent=options.agent, jobs=options.node_jobs,
                                    overrides=overrides)
+            settings = apply(settings, decision) if decision else settings
             result = start_run(plan_dir, options.artifacts, settings, run_id=run_id,
                                redactor=options.redactor, hooks=hooks, verified=True)
     except DagRuntimeError as exc:
@@ -209,8 +222,10 @@ def entry_of(path: Path, result: RunResult) -> BatchEntry:
         fed = _succeeded_after_feedback(result.run_dir, nid, ns)
         if fed:
             after_feedback.append(nid)
+        last = ns.last_failure if ns.status is NodeStatus.FAILED else None
         nodes[nid] = NodeSummary(status=ns.status, attempts=len(ns.attempts),
                                  failure=ns.failure.value if ns.failure else None,
+                                 summary=last.summary if last else "",
                                  succeeded_after_feedback=fed)
     status: EntryStatus = {RunStatus.SUCCEEDED: "succeeded", RunStatus.CANCELLED: "cancelled"
                            }.get(result.status, "failed")  # type: ignore[assignment]

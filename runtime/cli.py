@@ -107,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, plans=False)
     p.set_defaults(handler=cmd_show)
 
+    p = sub.add_parser("doctor", help="check the agent profiles plans would use: program, "
+                       "version, login (the pre-flight of run and batch)")
+    p.add_argument("targets", nargs="*", type=Path, metavar="TOPOLOGY|PLAN",
+                   help="topology files, plan or topology directories (default: topologies/)")
+    p.add_argument("--agent", metavar="PROFILE", help="check only this profile, as "
+                   "`run --agent PROFILE` would use it")
+    _common(p, plans=True)
+    p.set_defaults(handler=cmd_doctor)
+
     p = sub.add_parser("schema", help="print the topology JSON Schema")
     _common(p, plans=False)
     p.set_defaults(handler=cmd_schema)
@@ -123,6 +132,8 @@ def _override_options(p: argparse.ArgumentParser) -> None:
                    "(NODE may be '*'); prompt digests are unchanged")
     p.add_argument("--redact", action="append", default=[], metavar="VALUE",
                    help="a literal to redact from error text (repeatable)")
+    p.add_argument("--no-preflight", action="store_true",
+                   help="skip the agent checks of `runtime doctor` before the first node")
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
@@ -334,6 +345,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         max_total_attempts=args.max_total_attempts,
         overrides=parse_sets(args.sets, manifest), operator_prompt=operator_prompt)
     check_settings(manifest, settings)
+    if not args.no_preflight:
+        settings = _preflight(manifest, settings, args.redact)
     if compiled is not None:
         # Only now that every option is known good: write_plan verifies a plan
         # directory it reuses, and writes a new one itself.
@@ -345,6 +358,28 @@ def cmd_run(args: argparse.Namespace) -> int:
                            redactor=_redactor(args.redact), hooks=_hooks(cancel),
                            verified=verified)
     return _report_run(args, result)
+
+
+def _preflight(manifest: Any, settings: Any, redact: list[str]) -> Any:
+    """Refuse (exit 2) or skip the profiles that cannot run (runtime/preflight.py)."""
+    from .preflight import notes, preflight_run
+    from .run import check_settings
+
+    check_settings(manifest, settings)
+    settings, decision = preflight_run(manifest, settings, redactor=_redactor(redact))
+    for line in notes(decision):
+        sys.stderr.write(line + "\n")
+    return settings
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .preflight import checks_json, doctor, load_manifests, render_checks
+
+    targets = args.targets or [Path("topologies")]
+    manifests = load_manifests(targets, args.prompts, parse_vars(args.var))
+    checks, decisions = doctor(manifests, args.agent, redactor=_redactor([]))
+    _emit(args, checks_json(checks, decisions), render_checks(checks, decisions))
+    return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
@@ -360,7 +395,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
     topologies = expand(args.paths)
     options = BatchOptions(prompts=args.prompts, artifacts=args.artifacts, jobs=args.jobs,
                            node_jobs=args.node_jobs, agent=args.agent, sets=tuple(args.sets),
-                           batch_id=args.batch_id, redactor=_redactor(args.redact))
+                           batch_id=args.batch_id, redactor=_redactor(args.redact),
+                           preflight=not args.no_preflight)
     console = Console(stderr=True)
     live = not args.no_progress and not args.json and console.is_terminal
 
@@ -457,7 +493,8 @@ def _report_run(args: argparse.Namespace, result: Any) -> int:
     state = result.state
     nodes = {nid: {"status": ns.status.value, "attempts": len(ns.attempts),
                    "failure": ns.failure.value if ns.failure else None,
-                   "reason": ns.reason, "failed_ancestor": ns.failed_ancestor}
+                   "reason": ns.reason, "failed_ancestor": ns.failed_ancestor,
+                   "summary": ns.last_failure.summary if ns.last_failure else None}
              for nid, ns in state.nodes.items()}
     obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),
            "status": result.status.value, "nodes": nodes, "report": str(report)}
@@ -485,8 +522,10 @@ def _describe(state: Any, run_dir: Path, *, verbose: bool) -> str:
         lines.append(f"  {nid:<24} {ns.status.value:<9} attempts {len(ns.attempts)}"
                      f"{': ' + outcomes if outcomes else ''}{extra}")
         last = ns.last_failure
-        if (verbose or ns.status == "failed") and last is not None and last.error:
-            first = last.error.strip().splitlines()
+        if (verbose or ns.status == "failed") and last is not None and (last.summary
+                                                                         or last.error):
+            # The agent's own reason when its adapter recognised one ("Not logged in").
+            first = (last.summary or last.error).strip().splitlines()
             lines.append(f"  {'':<24} last error: {first[0][:160] if first else ''}")
     return "\n".join(lines) + "\n"
 

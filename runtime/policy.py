@@ -10,7 +10,7 @@ writes can raise them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -224,7 +224,7 @@ def _rate_limit_wait(policy: NodePolicy, history: Sequence[Past], last: Past) ->
 
 
 def build_policy(node: PlanNode, overrides: NodeOverrides | None, *, agent: str | None,
-                 no_fallback: bool, skip_profiles: Sequence[str] = ()) -> NodePolicy:
+                 no_fallback: bool, skip_profiles: Collection[str] = ()) -> NodePolicy:
     """The node's policy: plan values, then ``--set`` overrides; ``--agent`` replaces
     every profile, ``--no-fallback`` drops the fallbacks, and profiles that failed
     pre-flight are left out while another remains."""

@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+PLACEHOLDER = re.compile(r"\{(prompt_file|workspace|node)\}")
 
 
 class _Profile(BaseModel):
@@ -27,6 +28,12 @@ class CommandProfile(_Profile):
 
     kind: Literal["command"]
     argv: list[str] = Field(min_length=1, description="Program and arguments.")
+    preflight: list[str] | None = Field(
+        default=None, min_length=1,
+        description="A command that exits 0 when the agent can run (e.g. [claude, auth, "
+        "status]); run by `runtime doctor` and before `run`/`batch`, its failure read like "
+        "an attempt's. No placeholders.",
+    )
     prompt_via: Literal["stdin", "file"] = Field(
         default="stdin", description="Send the prompt on stdin, or only as {prompt_file}."
     )
@@ -45,6 +52,14 @@ class CommandProfile(_Profile):
         description="stdout is a JSON result; exit 0 with is_error/error set is "
         "contradictory_completion (claude -p --output-format json style).",
     )
+
+    @field_validator("preflight")
+    @classmethod
+    def _no_placeholders(cls, argv: list[str] | None) -> list[str] | None:
+        bad = [a for a in argv or [] if PLACEHOLDER.search(a)]
+        if bad:
+            raise ValueError(f"preflight runs before any node: no placeholders ({bad})")
+        return argv
 
     @field_validator("env")
     @classmethod

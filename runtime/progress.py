@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -73,7 +74,7 @@ class LiveProgress(Progress):
 def summary_table(summary: BatchSummary) -> Table:
     table = Table(title=f"batch {summary.batch_id}: {summary.status}")
     for col in ("topology", "status", "succeeded", "failed", "skipped", "attempts",
-                "succeeded after feedback"):
+                "succeeded after feedback", "first failure"):
         table.add_column(col)
     style = {"succeeded": "green", "failed": "red", "invalid": "red", "cancelled": "yellow"}
     for e in summary.entries:
@@ -81,5 +82,13 @@ def summary_table(summary: BatchSummary) -> Table:
               for s in ("succeeded", "failed", "skipped")]
         table.add_row(e.topology or e.source, f"[{style[e.status]}]{e.status}",
                       *map(str, by), str(sum(n.attempts for n in e.nodes.values())),
-                      ", ".join(e.retries_after_feedback) or "-")
+                      ", ".join(e.retries_after_feedback) or "-", _first_failure(e))
     return table
+
+
+def _first_failure(entry: BatchEntry) -> str:
+    """The first failed node, its class and the agent's own reason: what to fix first."""
+    for nid, n in entry.nodes.items():
+        if n.status.value == "failed":
+            return escape(f"{nid}: {n.failure}" + (f": {n.summary}" if n.summary else ""))
+    return "-"

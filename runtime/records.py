@@ -30,9 +30,9 @@ class RunSettings(BaseModel):
     deadline_at: float | None = Field(default=None, description="Unix time; none: no limit.")
     overrides: dict[str, NodeOverrides] = Field(
         default_factory=dict, description="--set NODE.field=value retry overrides.")
-    skip_profiles: list[str] = Field(
-        default_factory=list, description="Profiles that failed pre-flight: their nodes "
-        "start on their next fallback.")
+    skip_profiles: dict[str, str] = Field(
+        default_factory=dict, description="Profiles that failed pre-flight, with why: "
+        "their nodes start on their next fallback.")
     # The operator prompt is trusted text but may hold anything (a token, a host name):
     # the ledger and state.json record its digest; the text lives in operator-prompt.md.
     operator_prompt: str | None = Field(default=None, exclude=True)

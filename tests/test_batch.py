@@ -122,3 +122,22 @@ def test_live_progress_shows_attempts_and_retries(batch_project: Project) -> Non
     assert "good" in text and "attempts   3  retries  1  succeeded" in text
     assert "attempts   1  retries  0  failed" in text
     assert "2/2" in text  # the overall bar completed
+
+
+def test_summary_table_names_the_first_failure_in_the_agent_s_words(
+        batch_project: Project) -> None:
+    import io
+
+    from rich.console import Console
+
+    from runtime.progress import summary_table
+
+    summary = run_batch([batch_project.root / "topologies"], _options(batch_project,
+                                                                      batch_id="b8"))
+    bad = next(e for e in summary.entries if e.topology == "bad")
+    assert bad.nodes["x"].summary != ""
+    out = io.StringIO()
+    Console(file=out, width=400, color_system=None).print(summary_table(summary))
+    assert f"x: agent_exit: {bad.nodes['x'].summary}" in out.getvalue()
+    good = next(e for e in summary.entries if e.topology == "good")
+    assert good.nodes["b"].summary == ""  # it failed once, then succeeded: nothing to fix

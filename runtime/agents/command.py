@@ -10,6 +10,10 @@ Contradictory completion (exit 0 with a terminal error): with ``result_json: tru
 stdout is parsed as a JSON result and ``is_error: true`` or an ``error`` field is a
 reported error (the shape ``claude -p --output-format json`` prints); with
 ``error_file`` the file's presence in the workspace after exit 0 is one.
+
+Whatever the exit status, the program's kind (claude, codex, other) reads what it left
+(``recognise.py``): the class its own words name (``agent_auth`` for "Not logged in")
+and a one-line summary, both carried on ``AgentExit``.
 """
 
 from __future__ import annotations
@@ -23,12 +27,15 @@ import subprocess
 import time
 from collections.abc import Mapping
 
+from ..capture import DEFAULT_HEAD, DEFAULT_TAIL
 from ..profiles import CommandProfile
 from . import AgentExit, Invocation
+from .recognise import kind_of, read_command
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "TMPDIR", "TERM")
 KILL_GRACE_S = 2.0
 POLL_S = 0.2
+READ_LIMIT = DEFAULT_HEAD + DEFAULT_TAIL  # all of stderr the capture kept
 
 
 def agent_environment(profile_env: list[str], runtime_env: Mapping[str, str],
@@ -65,10 +72,21 @@ class CommandAgent:
             return AgentExit(launch_error=f"{self.profile.argv[0]}: {exc.strerror or exc}")
         stdin_data = inv.prompt.encode() if proc.stdin is not None else None
         code, timed_out, cancelled = _Supervisor(proc, inv, stdin_data).run()
-        if timed_out or cancelled:
-            return AgentExit(exit_code=code, timed_out=timed_out, cancelled=cancelled)
+        return self._result(inv, code, timed_out, cancelled)
+
+    def _result(self, inv: Invocation, code: int | None, timed_out: bool,
+                cancelled: bool) -> AgentExit:
+        """Evidence, plus the kind's reading of the agent's own reason: claude's result
+        JSON whatever the exit code, codex's own error lines (recognise.py)."""
+        if cancelled:
+            return AgentExit(exit_code=code, cancelled=True)
+        reading = read_command(kind_of(self.profile.argv[0]), None if timed_out else code,
+                               inv.stdout.head, inv.stderr.tail_text(READ_LIMIT),
+                               prompt=inv.prompt)
+        if timed_out:  # agent_timeout whatever was read; the reading says why it hung
+            return AgentExit(exit_code=code, timed_out=True, summary=reading.summary)
         return AgentExit(exit_code=code, reported_error=self._reported(inv) if code == 0
-                         else None)
+                         else None, failure=reading.failure, summary=reading.summary)
 
     def _reported(self, inv: Invocation) -> str | None:
         if self.profile.error_file:
