@@ -18,7 +18,8 @@ from .failures import FailureClass
 from .feedback import fingerprint, render_preamble
 from .files import replace_atomically, write_read_only
 from .ledger import AttemptFinished, AttemptRecord, AttemptStarted
-from .records import AttemptContext, PriorFailure
+from .profiles import CommandProfile
+from .records import AttemptContext, PriorFailure, SandboxRecord
 from .redact import Redactor
 
 if TYPE_CHECKING:
@@ -92,7 +93,19 @@ class Attempt:
             profile_digest=self.ctx.profile_digest(self.profile_name),
             plan_prompt_digest=self.node.prompt_digest, prompt_digest=self._prompt_digest,
             preamble_digest=self._preamble_digest, prior_failures=self._prior,
-            started_at=self.started, **outcome)  # type: ignore[arg-type]
+            sandbox=self._sandbox(), started_at=self.started, **outcome)  # type: ignore[arg-type]
+
+    def _sandbox(self) -> SandboxRecord | None:
+        from .agents.sandbox import find_bubblewrap
+
+        profile = self.ctx.manifest.agents[self.profile_name]
+        if not isinstance(profile, CommandProfile):
+            return None
+        if profile.sandbox is False:
+            return SandboxRecord(enabled=False)
+        bwrap = find_bubblewrap()
+        return SandboxRecord(enabled=True, bubblewrap=bwrap.version if bwrap else None,
+                             network=profile.sandbox.network)
 
     def _write_context(self, ctx: AttemptContext) -> None:
         data = (ctx.model_dump_json(indent=2) + "\n").encode()
@@ -119,16 +132,17 @@ class Attempt:
     def _invoke(self, prompt: str) -> AttemptResult:
         stdout = BoundedCapture(self.dir / "stdout.log")
         stderr = BoundedCapture(self.dir / "stderr.log")
-        ws = self.ctx.layout.workspace(self.node_id)
+        # Absolute: the agent's cwd is its workspace, so relative paths would not resolve.
+        ws = self.ctx.layout.workspace(self.node_id).absolute()
         timeout = self.policy.timeout_s
         if self.ctx.settings.deadline_at is not None:
             timeout = max(0.001, min(timeout, self.ctx.settings.deadline_at - self.ctx.clock()))
         inv = Invocation(
             run_id=self.ctx.run_id, node=self.node_id, attempt=self.number,
             max_attempts=self.policy.ceiling, prompt=prompt,
-            prompt_file=self.dir / "prompt.md", workspace=ws, timeout_s=timeout,
+            prompt_file=self.dir.absolute() / "prompt.md", workspace=ws, timeout_s=timeout,
             env=self._env(ws), artifacts=tuple(self.node.artifacts), stdout=stdout,
-            stderr=stderr, cancel=self.ctx.cancel)
+            stderr=stderr, cancel=self.ctx.cancel, attempt_dir=self.dir.absolute())
         try:
             agent = make_agent(self.ctx.manifest.agents[self.profile_name])
             exit_ = agent.run(inv)
@@ -151,8 +165,9 @@ class Attempt:
             "RUNTIME_RUN_ID": self.ctx.run_id, "RUNTIME_NODE": self.node_id,
             "RUNTIME_ATTEMPT": str(self.number),
             "RUNTIME_MAX_ATTEMPTS": str(self.policy.ceiling),
-            "RUNTIME_WORKSPACE": str(ws), "RUNTIME_PROMPT_FILE": str(self.dir / "prompt.md"),
-            "RUNTIME_ATTEMPT_CONTEXT": str(self.dir / "attempt.json"),
+            "RUNTIME_WORKSPACE": str(ws),
+            "RUNTIME_PROMPT_FILE": str(self.dir.absolute() / "prompt.md"),
+            "RUNTIME_ATTEMPT_CONTEXT": str(self.dir.absolute() / "attempt.json"),
         }
 
     def _classify(self, exit_: AgentExit, stderr: BoundedCapture, timeout: float,

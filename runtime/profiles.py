@@ -22,6 +22,32 @@ class _Profile(BaseModel):
     )
 
 
+class SandboxSettings(BaseModel):
+    """How a ``command`` agent is contained (bubblewrap). The default ``{}`` sandboxes it
+    with the network allowed; ``sandbox: false`` on the profile opts out."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    network: bool = Field(
+        default=True, description="Allow network access (false: a new network namespace "
+        "with only loopback).")
+    writable: list[str] = Field(
+        default_factory=list,
+        description="Host paths the agent may write besides its workspace, absolute or "
+        "~/-relative (state a CLI keeps, e.g. ~/.claude/). A trailing / marks a directory, "
+        "created when missing; other paths that do not exist are skipped.")
+
+    @field_validator("writable")
+    @classmethod
+    def _writable_paths(cls, paths: list[str]) -> list[str]:
+        bad = [p for p in paths if not (p.startswith("/") or p.startswith("~/"))
+               or ".." in p.split("/") or "\0" in p or p.rstrip("/") in ("", "~")]
+        if bad:
+            raise ValueError(f"writable paths must be absolute or start with ~/, without "
+                             f"'..', and not / or ~ itself: {bad}")
+        return paths
+
+
 class CommandProfile(_Profile):
     """Run a subprocess. ``argv`` may use ``{prompt_file}``, ``{workspace}``, ``{node}``."""
 
@@ -45,6 +71,11 @@ class CommandProfile(_Profile):
         description="stdout is a JSON result; exit 0 with is_error/error set is "
         "contradictory_completion (claude -p --output-format json style).",
     )
+
+    sandbox: SandboxSettings | Literal[False] = Field(
+        default_factory=SandboxSettings,
+        description="Containment: {} (default) runs the agent under bubblewrap with the "
+        "network allowed; {network: false, writable: [...]} tunes it; false opts out.")
 
     @field_validator("env")
     @classmethod
