@@ -82,8 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("resume", help="finish an interrupted or crashed run")
     p.add_argument("run", metavar="RUN", help="run directory, or run id under --artifacts")
-    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
-                   help="a literal to redact from error text (repeatable)")
+    _redact_options(p)
     p.add_argument("--deadline", type=float, metavar="SECONDS",
                    help="a new wall-clock limit for the rest of the run, from now")
     _common(p, plans=False)
@@ -120,8 +119,15 @@ def _override_options(p: argparse.ArgumentParser) -> None:
                    metavar="NODE.FIELD=VALUE",
                    help="override max_attempts, retry_feedback or retry_on for this run "
                    "(NODE may be '*'); prompt digests are unchanged")
-    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
-                   help="a literal to redact from error text (repeatable)")
+    _redact_options(p)
+
+
+def _redact_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redact-file", action="append", default=[], type=Path, metavar="FILE",
+                   help="literals to redact from error text, one per line (repeatable; "
+                   "also RUNTIME_REDACT, ':'-separated)")
+    # Refused with an explanation (issue 8): a secret in argv is readable by every process.
+    p.add_argument("--redact", action="append", default=[], help=argparse.SUPPRESS)
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
@@ -228,6 +234,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .records import RunSettings
     from .run import start_run
 
+    redactor = _redactor(args)  # before planning: a refused option writes nothing
     target: Path = args.target
     if target.is_dir() and (target / PROMPTS_DIR).is_dir():
         plan_dir, verified = target, False
@@ -249,7 +256,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         operator_prompt=_read_text(args.operator_prompt) if args.operator_prompt else None)
     with _cancel_on_signals() as cancel:
         result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
-                           redactor=_redactor(args.redact), hooks=_hooks(cancel),
+                           redactor=redactor, hooks=_hooks(cancel),
                            verified=verified)
     return _report_run(args, result)
 
@@ -266,7 +273,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     topologies = expand(args.paths)
     options = BatchOptions(prompts=args.prompts, artifacts=args.artifacts, jobs=args.jobs,
                            node_jobs=args.node_jobs, agent=args.agent, sets=tuple(args.sets),
-                           batch_id=args.batch_id, redactor=_redactor(args.redact))
+                           batch_id=args.batch_id, redactor=_redactor(args))
     console = Console(stderr=True)
     live = not args.no_progress and not args.json and console.is_terminal
 
@@ -298,10 +305,11 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from .run import resolve_run_dir, resume_run
 
+    redactor = _redactor(args)
     run_dir = resolve_run_dir(args.run, args.artifacts)
     deadline_at = time.time() + args.deadline if args.deadline else None
     with _cancel_on_signals() as cancel:
-        result = resume_run(run_dir, redactor=_redactor(args.redact), hooks=_hooks(cancel),
+        result = resume_run(run_dir, redactor=redactor, hooks=_hooks(cancel),
                             deadline_at=deadline_at)
     return _report_run(args, result)
 
@@ -325,9 +333,20 @@ def _read_text(path: Path) -> str:
         raise UsageError(f"{path}: cannot read as UTF-8 text: {exc}") from None
 
 
-def _redactor(declared: list[str]) -> Any:
+def _redactor(args: argparse.Namespace) -> Any:
+    """Literals to redact come from files and RUNTIME_REDACT, never from argv: the
+    runtime's command line is readable by every process on the machine, agents
+    included (/proc/<pid>/cmdline)."""
     from .redact import Redactor
 
+    if args.redact:
+        raise UsageError("--redact VALUE would put the secret in the runtime's command line, "
+                         "which every process on the machine can read; write the literals "
+                         "to a file, one per line, and pass --redact-file FILE, or set "
+                         "RUNTIME_REDACT (':'-separated)")
+    declared: list[str] = []
+    for path in args.redact_file:
+        declared += [line for line in _read_text(path).splitlines() if line.strip()]
     extra = [v for v in os.environ.get("RUNTIME_REDACT", "").split(os.pathsep) if v]
     return Redactor.from_environment(os.environ, [*declared, *extra])
 

@@ -7,9 +7,9 @@ always available, so ``--agent simulated`` runs any plan offline.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -48,6 +48,13 @@ class SandboxSettings(BaseModel):
         return paths
 
 
+def _sandbox_problem(err: Any) -> str:
+    where = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key (accepted: network, writable)"
+    return f"{where}: {err['msg'].removeprefix('Value error, ')}"
+
+
 class CommandProfile(_Profile):
     """Run a subprocess. ``argv`` may use ``{prompt_file}``, ``{workspace}``, ``{node}``."""
 
@@ -76,6 +83,20 @@ class CommandProfile(_Profile):
         default_factory=SandboxSettings,
         description="Containment: {} (default) runs the agent under bubblewrap with the "
         "network allowed; {network: false, writable: [...]} tunes it; false opts out.")
+
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_value(cls, value: object) -> object:
+        """One clear message instead of one per member of the union."""
+        if value is False or isinstance(value, SandboxSettings):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError("expected a mapping ({}, {network: false}, {writable: [...]}) or "
+                             "false to opt out of the sandbox")
+        try:
+            return SandboxSettings.model_validate(value)
+        except ValidationError as exc:
+            raise ValueError("; ".join(_sandbox_problem(e) for e in exc.errors())) from None
 
     @field_validator("env")
     @classmethod

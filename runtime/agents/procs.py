@@ -205,17 +205,22 @@ def kill_leftovers(attempt_dirs: Iterable[Path], run_id: str) -> int:
         except (OSError, ValueError, KeyError, TypeError):
             continue
     marker = f"RUNTIME_RUN_ID={run_id}".encode()
-    doomed = []
-    for p in table():
-        if p.pid == me:
-            continue
-        if (p.sid in sessions and p.start >= sessions[p.sid]) or _carries(p.pid, marker):
-            doomed.append(p)
+    procs = table()
+    alive = {p.pid: p for p in procs}
+    # A pid is not handed out again while a process still has it as its session id:
+    # so members of session L are the leader's, unless a process L now exists with
+    # another start time (the whole session died and the number was reused).
+    sessions = {pid: start for pid, start in sessions.items()
+                if pid not in alive or alive[pid].start == start}
+    doomed = [p for p in procs if p.pid != me and (
+        (p.sid in sessions and p.start >= sessions[p.sid]) or _carries(p.pid, marker))]
     for p in doomed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p.pid, signal.SIGKILL)
     for p in doomed:
         _wait_gone(p)
+        if p.ppid == me:  # re-parented to us (we are a subreaper): reap it
+            _reap(p.pid, timeout=0)
     return len(doomed)
 
 

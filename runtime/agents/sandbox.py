@@ -65,6 +65,14 @@ def find_bubblewrap() -> Bubblewrap | None:
     return Bubblewrap(path=path, version=out.removeprefix("bubblewrap").strip() or "unknown")
 
 
+def sandboxed_profiles(agents: Mapping[str, object], used: Iterable[str]) -> list[str]:
+    """Which of the profiles a run will use are sandboxed ``command`` profiles."""
+    from ..profiles import CommandProfile
+
+    return sorted({name for name in used if isinstance(agents.get(name), CommandProfile)
+                   and agents[name].sandbox is not False})  # type: ignore[attr-defined]
+
+
 def require_bubblewrap(profiles: Iterable[str]) -> None:
     """Refuse to start (exit 2, before any node runs) when a sandboxed profile will be
     used and bubblewrap is missing. ``profiles``: names of those profiles."""
