@@ -114,7 +114,7 @@ def test_command_placeholders_and_prompt_file(make_inv: Callable[..., Invocation
                  "{prompt_file}", "{node}", "{workspace}"]}))
     assert agent.run(inv).exit_code == 0
     assert (inv.workspace / "copy.md").read_text() == "Do the task.\n"
-    workspace = "/workspace" if sandboxed else inv.workspace
+    workspace = "/mnt/workspace" if sandboxed else inv.workspace
     assert (inv.workspace / "args.txt").read_text() == f"n {workspace}\n"
 
 

@@ -215,6 +215,6 @@ def test_attempt_files_and_environment(project: Project, sandboxed: bool) -> Non
     assert env["RUNTIME_NODE"] == "a" and env["RUNTIME_ATTEMPT"] == "1"
     assert env["RUNTIME_RUN_ID"] == "test-run"
     assert Path(env["RUNTIME_ATTEMPT_CONTEXT"]) == (
-        Path("/attempt/attempt.json") if sandboxed else adir.absolute() / "attempt.json")
+        Path("/mnt/attempt/attempt.json") if sandboxed else adir.absolute() / "attempt.json")
     ctx = json.loads((adir / "attempt.json").read_text())
     assert ctx["outcome"] == "succeeded" and ctx["stdout_bytes"] == 4

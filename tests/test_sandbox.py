@@ -92,16 +92,30 @@ def test_bwrap_argv_contains_the_promised_isolation(tmp_path: Path) -> None:
     argv = sandbox.bwrap_argv("bwrap", spec, ["agent", "--flag"])
     joined = " ".join(argv)
     for option in ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop ALL",
-                   "--proc /proc", "--dev /dev", "--tmpfs /tmp", f"--bind {ws} /workspace",
-                   f"--ro-bind {ws}/inputs /workspace/inputs",
-                   f"--ro-bind-try {tmp_path}/p.md /attempt/prompt.md",
+                   "--ro-bind / /", "--proc /proc", "--dev /dev", "--tmpfs /tmp",
+                   "--tmpfs /mnt", f"--bind {ws} /mnt/workspace",
+                   f"--ro-bind {ws}/inputs /mnt/workspace/inputs",
+                   f"--ro-bind-try {tmp_path}/p.md /mnt/attempt/prompt.md",
                    "--tmpfs /srv/artifacts --remount-ro /srv/artifacts",
                    "--bind-try /home/u/.state /home/u/.state", "--bind-try /var/x /var/x",
-                   "--remount-ro / --chdir /workspace -- agent --flag"):
+                   "--remount-ro /mnt --remount-ro / --chdir /mnt/workspace -- agent --flag"):
         assert option in joined
     assert "--share-net" not in argv
     assert "--share-net" in sandbox.bwrap_argv("bwrap", sandbox.SandboxSpec(workspace=ws), ["a"])
+
+
+def test_without_mnt_the_host_root_is_bound_entry_by_entry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(os.path, "isdir", lambda p: p != sandbox.MOUNTS and real_isdir(p))
+    bwrap = sandbox.find_bubblewrap()
+    assert bwrap is not None
+    argv = sandbox.bwrap_argv(bwrap.path, sandbox.SandboxSpec(workspace=tmp_path),
+                              ["sh", "-c", "pwd > where.txt; touch /usr/x || echo ro >> where.txt"])
+    assert "/" not in argv[argv.index("--ro-bind") + 1:argv.index("--ro-bind") + 2]
     assert argv[argv.index("/usr") - 1:argv.index("/usr") + 2] == ["--ro-bind", "/usr", "/usr"]
+    assert subprocess.run(argv, check=False, capture_output=True).returncode == 0
+    assert (tmp_path / "where.txt").read_text() == "/mnt/workspace\nro\n"
 
 
 @pytest.mark.parametrize(("value", "message"), [
@@ -145,7 +159,7 @@ def test_prompt_via_file_and_absolute_runtime_paths(project: Project, sandboxed:
     assert (ws / "from-placeholder.md").read_text() == prompt
     assert (ws / "from-env.md").read_text() == prompt
     assert json.loads((ws / "context.json").read_text())["node"] == "a"
-    expected = "/workspace" if sandboxed else str(ws.resolve())
+    expected = "/mnt/workspace" if sandboxed else str(ws.resolve())
     assert (ws / "paths.txt").read_text().splitlines() == [expected] * 3
 
 

@@ -1,8 +1,8 @@
 """``command`` agent: a subprocess, sandboxed by default, with an env allow-list.
 
 argv placeholders: ``{prompt_file}``, ``{workspace}``, ``{node}``; they and the
-``RUNTIME_*`` paths are absolute: the fixed paths inside the sandbox (``/workspace``,
-``/attempt/prompt.md``, ``/attempt/attempt.json``, see ``sandbox.py``), or the host's
+``RUNTIME_*`` paths are absolute: the fixed paths inside the sandbox (``/mnt/workspace``,
+``/mnt/attempt/prompt.md``, ``/mnt/attempt/attempt.json``, see ``sandbox.py``), or the host's
 with ``sandbox: false``. The prompt goes on stdin (``prompt_via: stdin``) or only as the
 file. The child gets PATH, HOME, LANG, LC_*, TMPDIR, TERM, the names its profile lists
 under ``env:``, and RUNTIME_*; nothing else.

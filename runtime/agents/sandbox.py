@@ -2,12 +2,10 @@
 
 Inside the sandbox an agent sees (DESIGN section 10, issue 8):
 
-- the host read-only: each top-level entry of ``/`` bound read-only onto a tmpfs root
-  that is itself remounted read-only (binding ``/`` whole would leave no place to mount
-  the fixed paths below);
-- its workspace read-write at the fixed path ``/workspace`` (its working directory),
-  with ``/workspace/inputs`` (upstream artifacts) bound read-only on top;
-- the attempt's ``prompt.md`` and ``attempt.json`` read-only under ``/attempt``;
+- the host read-only (``--ro-bind / /``);
+- its workspace read-write at the fixed path ``/mnt/workspace`` (its working
+  directory), with ``/mnt/workspace/inputs`` (upstream artifacts) read-only on top;
+- the attempt's ``prompt.md`` and ``attempt.json`` read-only under ``/mnt/attempt``;
 - a private ``/tmp``, its own ``/proc`` and a minimal ``/dev``;
 - none of the artifacts root (ledger, ``state.json``, plans, other nodes' workspaces):
   an empty read-only tmpfs is mounted over it;
@@ -16,6 +14,13 @@ Inside the sandbox an agent sees (DESIGN section 10, issue 8):
 - no capabilities (``--cap-drop ALL``: a root runtime would otherwise hand the agent
   CAP_SYS_ADMIN, enough to remount the read-only binds), ``--new-session`` (no
   TIOCSTI into a terminal), ``--die-with-parent`` (the runtime's death kills it).
+
+Why under ``/mnt``: the fixed paths need a directory that exists on the host (nothing
+can be created in a read-only root), and ``/mnt`` is the FHS place for temporary
+mounts; the host's own ``/mnt`` is hidden by a tmpfs. Binding each top-level entry of
+``/`` onto a tmpfs root instead (so that ``/workspace`` could be created) cost 4 ms
+more per attempt here (bubblewrap's cost is its mounts, not its namespaces), so that
+is only the fallback for a host without ``/mnt``.
 
 Running as root, as the tests do in CI: bubblewrap needs no setuid bit and no
 unprivileged user namespaces then; ``--unshare-all`` still tries a user namespace and
@@ -34,12 +39,13 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import UsageError
 
-WORKSPACE = PurePosixPath("/workspace")
-ATTEMPT = PurePosixPath("/attempt")
+MOUNTS = PurePosixPath("/mnt")
+WORKSPACE = MOUNTS / "workspace"
+ATTEMPT = MOUNTS / "attempt"
 PROMPT_FILE = ATTEMPT / "prompt.md"
 ATTEMPT_CONTEXT = ATTEMPT / "attempt.json"
-# Mounted separately, or hidden: never bound from the host's root listing.
-_OWN_MOUNTS = frozenset({"proc", "dev", "tmp", WORKSPACE.name, ATTEMPT.name})
+# Mounted separately: never bound from the host's root listing (fallback layout).
+_OWN_MOUNTS = frozenset({"proc", "dev", "tmp", MOUNTS.name})
 FIX = "install it (`apt-get install bubblewrap`) or opt the profile out with `sandbox: false`"
 
 
@@ -116,9 +122,11 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
             "--cap-drop", "ALL"]
     if spec.network:
         argv.append("--share-net")
-    argv += ["--tmpfs", "/"]
-    argv += _host_root()
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    if os.path.isdir(MOUNTS):
+        argv += ["--ro-bind", "/", "/"]
+    else:
+        argv += ["--tmpfs", "/", *_host_root()]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", str(MOUNTS)]
     for path in expand_writable(spec.writable, spec.home):
         path = path.rstrip("/")
         argv += ["--bind-try", path, path]
@@ -135,7 +143,8 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
                          (spec.attempt_context, ATTEMPT_CONTEXT)):
         if host is not None:
             argv += ["--ro-bind-try", str(host), str(inside)]
-    argv += ["--remount-ro", "/", "--chdir", str(WORKSPACE), "--", *command]
+    argv += ["--remount-ro", str(MOUNTS), "--remount-ro", "/", "--chdir", str(WORKSPACE),
+             "--", *command]
     return argv
 
 
@@ -150,8 +159,8 @@ def sandbox_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _host_root() -> list[str]:
-    """Bind every top-level entry of the host's ``/`` read-only; symlinks (``/bin`` ->
-    ``usr/bin`` on merged-/usr systems) are recreated as symlinks."""
+    """Fallback: bind every top-level entry of the host's ``/`` read-only; symlinks
+    (``/bin`` -> ``usr/bin`` on merged-/usr systems) are recreated as symlinks."""
     out: list[str] = []
     with os.scandir("/") as entries:
         for entry in sorted(entries, key=lambda e: e.name):
