@@ -115,8 +115,13 @@ class CommandAgent:
             procs.record_leader(inv.attempt_dir, proc.pid, leader.start,
                                 sandboxed=self.profile.sandbox is not False)
         stdin_data = inv.prompt.encode() if proc.stdin is not None else None
-        def end() -> None:
-            _end_attempt(proc, leader, time.monotonic() - started)
+        ended = False
+
+        def end() -> None:  # at the leader's exit, and again (a no-op then) at the end
+            nonlocal ended
+            if not ended:
+                ended = True
+                _end_attempt(proc, leader, time.monotonic() - started)
 
         try:
             code, timed_out, cancelled = _Supervisor(proc, inv, stdin_data, end).run()
@@ -151,9 +156,13 @@ def sandbox_spec(inv: Invocation, settings: SandboxSettings) -> sandbox.SandboxS
     context = None
     if inv.attempt_dir is not None:
         attempt_dir = Path(os.path.abspath(inv.attempt_dir))
-        run_dir = attempt_dir.parents[3]
-        hide = (run_dir.parents[1] if run_dir.parent.name == "runs" else run_dir,)
         context = attempt_dir / "attempt.json"
+        ups = attempt_dir.parents
+        if attempt_dir.parent.name == "attempts" and len(ups) > 4:
+            run_dir = ups[3]
+            hide = (run_dir.parents[1] if run_dir.parent.name == "runs" else run_dir,)
+        else:  # not a run's layout (a caller of the adapter): hide the attempt's parent
+            hide = (attempt_dir.parent,)
     return sandbox.SandboxSpec(
         workspace=Path(os.path.abspath(inv.workspace)),
         prompt_file=Path(os.path.abspath(inv.prompt_file)), attempt_context=context,

@@ -28,6 +28,7 @@ import ctypes
 import json
 import logging
 import os
+import select
 import signal
 import threading
 import time
@@ -38,6 +39,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
+SMALL_RANGE = 32  # up to this many pids since the leader: probe each, no /proc listing
 AGENT_RECORD = "agent.json"
 _lock = threading.Lock()
 # Held while launching an agent until its leader is registered, and while a cleanup
@@ -90,10 +92,12 @@ def table(after: int | None = None) -> list[Proc]:
     after each attempt reads only the processes started since its leader. Pids are
     handed out in increasing order, wrapping at pid_max; that holds unless the counter
     went all the way round, which is why long attempts scan everything."""
-    pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    if after is not None:
-        last = _last_pid()
-        if last is not None:
+    last = _last_pid() if after is not None else None
+    if after is not None and last is not None and 0 <= last - after <= SMALL_RANGE:
+        pids: Iterable[int] = range(after + 1, last + 1)  # probing beats listing /proc
+    else:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        if after is not None and last is not None:
             pids = [p for p in pids if (after < p <= last if last >= after
                                         else p > after or p <= last)]
     out = []
@@ -162,15 +166,20 @@ def _subtrees(roots: list[Proc], children: dict[int, list[Proc]]) -> list[Proc]:
 
 
 def _reap(pid: int, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done or time.monotonic() >= deadline:
-            return
-        time.sleep(0.001)
+    """Reap a child we killed, waiting at most ``timeout`` (a process stuck in the
+    kernel may take a while to die; it is not worth hanging the attempt for)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        fd = -1
+    try:
+        if fd >= 0 and timeout > 0:
+            select.select([fd], [], [], timeout)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 # --- after a crash -----------------------------------------------------------------
