@@ -287,6 +287,16 @@ def test_no_descendant_survives_the_attempt(project: Project, sandboxed: bool,
     assert _alive_with(token) == []
 
 
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_parallel_attempts_each_leave_nothing_behind(project: Project, sandboxed: bool) -> None:
+    token = f"hostile-{secrets.token_hex(8)}"
+    topo = _topo(["sh", str(HOSTILE / "detach.sh"), token], sandboxed=sandboxed,
+                 dag={"a": [], "b": [], "c": [], "d": []})
+    result = run_topology(project, topo, jobs=4)
+    assert result.status is RunStatus.SUCCEEDED
+    assert _alive_with(token) == []
+
+
 @pytest.fixture
 def crashed_run(project: Project, request: pytest.FixtureRequest) -> Iterator[
         tuple[Path, str, bool]]:
