@@ -7,9 +7,11 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -232,7 +234,23 @@ def test_program_missing_inside_the_sandbox_is_a_launch_error(project: Project) 
 # --- hostile agents ----------------------------------------------------------------
 
 
-def test_escape_attempts_fail_and_the_run_stays_intact(project: Project) -> None:
+@pytest.fixture(params=["under-tmp", "outside-tmp"])
+def any_project(request: pytest.FixtureRequest, project: Project) -> Iterator[Project]:
+    """A project under /tmp (hidden by the private /tmp) or outside it (hidden by the
+    tmpfs over the artifacts root)."""
+    if request.param == "under-tmp":
+        yield project
+        return
+    root = Path(tempfile.mkdtemp(prefix="sandbox-test-", dir="/var/tmp"))
+    try:
+        shutil.copytree(project.root, root / "proj")
+        yield Project(root / "proj")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_escape_attempts_fail_and_the_run_stays_intact(any_project: Project) -> None:
+    project = any_project
     run_dir = (project.artifacts / "runs" / "test-run").absolute()
     topo = make_topology({"victim": [], "attacker": ["victim"]})
     topo["agents"] = {
@@ -371,6 +389,8 @@ def _shipped_profile(name: str) -> CommandProfile:
 def test_shipped_cli_profiles_reach_their_own_login_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, argv: list[str] | None,
         expect: str) -> None:
+    assert shutil.which(name), (f"{name} is not installed: npm install -g "
+                                "@anthropic-ai/claude-code @openai/codex")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # a fresh, logged-out user
     (tmp_path / "home").mkdir()
     monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
