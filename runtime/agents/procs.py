@@ -134,6 +134,8 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
     me, my_sid = os.getpid(), os.getsid(0)
     killed = 0
     for _ in range(100):  # each round re-parents the killed processes' children to us
+        if not _has_children():
+            return killed  # nothing adopted (and no other agent running): no scan
         with launch_lock:
             with _lock:
                 others = _leaders - {leader}
@@ -154,6 +156,16 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
             _reap(p.pid)
     log.warning("descendants of agent %d kept appearing after 100 rounds of killing", leader)
     return killed
+
+
+def _has_children() -> bool:
+    """Does this process have any child, live or zombie? (ECHILD means none.) Checked
+    without reaping anything (WNOWAIT), so no other waiter loses a status."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
 
 
 def _subtrees(roots: list[Proc], children: dict[int, list[Proc]]) -> list[Proc]:
