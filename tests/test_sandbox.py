@@ -232,6 +232,27 @@ def test_program_missing_inside_the_sandbox_is_a_launch_error(project: Project) 
     assert "no-such-agent-binary: No such file or directory" in node.attempts[0].error
 
 
+def test_program_outside_the_sandbox_view_is_a_launch_error(project: Project,
+                                                            tmp_path: Path) -> None:
+    """A program under /tmp exists on the host but not inside (private /tmp): bwrap's
+    own exec failure is a launch error, not the agent's exit 1."""
+    tool = tmp_path / "tool.sh"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    result = run_topology(project, _topo([str(tool)]))
+    attempt = result.state.nodes["a"].attempts[0]
+    assert attempt.outcome is FailureClass.LAUNCH_ERROR
+    assert attempt.error.startswith(f"sandbox: bwrap: execvp {tool}: No such file or directory")
+
+
+def test_writable_directory_that_cannot_be_created_is_a_launch_error(project: Project) -> None:
+    result = run_topology(project, _topo(["true"], sandbox={"writable": ["/proc/no/such/"]}))
+    attempt = result.state.nodes["a"].attempts[0]
+    assert attempt.outcome is FailureClass.LAUNCH_ERROR
+    assert attempt.error == ("sandbox: cannot create the writable directory /proc/no/such/: "
+                             "No such file or directory")
+
+
 # --- hostile agents ----------------------------------------------------------------
 
 

@@ -86,10 +86,9 @@ class CommandAgent:
         if not found:
             return f"{program}: No such file or directory"
         spec = sandbox_spec(inv, settings)
-        try:
-            sandbox.create_writable_dirs(spec)
-        except OSError as exc:
-            return f"sandbox: cannot create a writable directory: {exc}"
+        problem = sandbox.create_writable_dirs(spec)
+        if problem is not None:
+            return problem
         return (sandbox.bwrap_argv(bwrap.path, spec, self.argv(inv, inside=True)),
                 sandbox.sandbox_environment(env))
 

@@ -106,14 +106,20 @@ def expand_writable(paths: Iterable[str], home: str) -> list[str]:
     return [os.path.join(home, p[2:]) if p.startswith("~/") else p for p in paths]
 
 
-def create_writable_dirs(spec: SandboxSpec) -> None:
+def create_writable_dirs(spec: SandboxSpec) -> str | None:
     """Entries written with a trailing ``/`` are directories, created (0700) when
     missing: a CLI that cannot create its state directory in a read-only home fails
     (codex does). Other missing entries are skipped, since whether they would be a
-    file or a directory is unknown (claude runs without ``~/.claude.json``)."""
+    file or a directory is unknown (claude runs without ``~/.claude.json``). Returns
+    why a directory could not be created, or None."""
     for path in expand_writable(spec.writable, spec.home):
         if path.endswith("/"):
-            os.makedirs(path, mode=0o700, exist_ok=True)
+            try:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                return (f"sandbox: cannot create the writable directory {path}: "
+                        f"{exc.strerror or exc}")
+    return None
 
 
 def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
