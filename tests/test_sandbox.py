@@ -211,6 +211,17 @@ def test_missing_bubblewrap_refuses_to_start(project: Project,
     assert main(project.cli("run", str(project.topology), "--run-id", "open")) == 0
 
 
+def test_missing_bubblewrap_refuses_to_resume(project: Project, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    cancelled = threading.Event()
+    cancelled.set()  # stopped before any node ran: resumable
+    result = run_topology(project, _topo(["true"]), hooks=Hooks(cancel=cancelled))
+    assert result.status is RunStatus.CANCELLED
+    monkeypatch.setattr(sandbox, "find_bubblewrap", lambda: None)
+    assert main(["resume", str(result.run_dir)]) == 2
+    assert "apt-get install bubblewrap" in capsys.readouterr().err
+
+
 @pytest.mark.usefixtures("no_bubblewrap")
 def test_missing_bubblewrap_at_launch_is_a_launch_error(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
