@@ -107,6 +107,26 @@ def test_bwrap_argv_contains_the_promised_isolation(tmp_path: Path) -> None:
     assert "--share-net" in sandbox.bwrap_argv("bwrap", sandbox.SandboxSpec(workspace=ws), ["a"])
 
 
+@pytest.mark.parametrize(("attempt_dir", "hidden"), [
+    ("/srv/art/runs/r1/nodes/n/attempts/1", "/srv/art"),  # the whole artifacts root
+    ("/runs/r1/nodes/n/attempts/1", "/runs/r1"),  # never a tmpfs over /
+    ("/data/r1/nodes/n/attempts/1", "/data/r1"),  # a run directory not under runs/
+    ("/var/tmp/x/attempt", "/var/tmp/x"),  # not a run's layout
+])
+def test_what_the_sandbox_hides(tmp_path: Path, attempt_dir: str, hidden: str) -> None:
+    from runtime.agents.command import sandbox_spec
+    from runtime.profiles import SandboxSettings
+
+    with _captures(tmp_path) as (out, err):
+        inv = Invocation(run_id="r", node="n", attempt=1, max_attempts=1, prompt="",
+                         prompt_file=tmp_path / "p.md", workspace=tmp_path, timeout_s=5,
+                         env={}, artifacts=(), stdout=out, stderr=err,
+                         attempt_dir=Path(attempt_dir))
+        spec = sandbox_spec(inv, SandboxSettings())
+    assert spec.hide == (Path(hidden),)
+    assert spec.attempt_context == Path(attempt_dir) / "attempt.json"
+
+
 def test_without_mnt_the_host_root_is_bound_entry_by_entry(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real_isdir = os.path.isdir

@@ -159,7 +159,8 @@ def sandbox_spec(inv: Invocation, settings: SandboxSettings) -> sandbox.SandboxS
         ups = attempt_dir.parents
         if attempt_dir.parent.name == "attempts" and len(ups) > 4:
             run_dir = ups[3]
-            hide = (run_dir.parents[1] if run_dir.parent.name == "runs" else run_dir,)
+            root = run_dir.parents[1] if run_dir.parent.name == "runs" else run_dir
+            hide = (root if root != Path("/") else run_dir,)  # never a tmpfs over /
         else:  # not a run's layout (a caller of the adapter): hide the attempt's parent
             hide = (attempt_dir.parent,)
     return sandbox.SandboxSpec(
