@@ -3,15 +3,20 @@
 1. Overhead: a 1,000-node layered DAG (20 wide) of `command` nodes running `true`,
    `runtime run --jobs 2`, timed as a whole process, against a bare Python loop (also a
    whole process) that runs the same 1,000 subprocesses and writes one file per node.
-   Prints ms/node for both and the ratio. Goal: <= 1.6x.
-2. Makespan: a wide DAG of 40 nodes that sleep 0.5 s, `--jobs 4`; the makespan
+   Prints ms/node for both and the ratio. Goal: <= 1.6x. The runtime column runs the
+   agents unsandboxed (``sandbox: false``); the sandboxed column is the same run under
+   bubblewrap (the default).
+2. Sandbox cost: the same `true` DAG with ``--jobs 1`` (so wall time is the sum of the
+   attempts), sandboxed against unsandboxed; the difference per node is what the
+   sandbox adds to each attempt. Goal: <= 3 ms.
+3. Makespan: a wide DAG of 40 nodes that sleep 0.5 s, `--jobs 4`; the makespan
    (run.started to run.finished in the ledger) against max(critical path, total work /
    jobs), which this shape makes exactly achievable.
    Goal: <= 1.1x.
 
 Best of --repeat runs (the machine is shared and noisy).
 
-    python benchmarks/overhead.py [--nodes 1000] [--repeat 3]
+    python benchmarks/overhead.py [--nodes 1000] [--sandbox-nodes 300] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -37,9 +42,10 @@ for i in range(int(sys.argv[1])):
 """
 
 
-def layered(n: int, argv: list[str], name: str) -> str:
+def layered(n: int, argv: list[str], name: str, *, sandbox: bool = False) -> str:
+    contained = "" if sandbox else ", sandbox: false"
     lines = ["schema_version: 1", f"name: {name}", "agents:",
-             f"  cmd: {{kind: command, argv: {json.dumps(argv)}, prompt_via: file}}",
+             f"  cmd: {{kind: command, argv: {json.dumps(argv)}, prompt_via: file{contained}}}",
              "defaults: {agent: cmd, max_attempts: 1}", "nodes:"]
     for i in range(n):
         needs = f"[n{i - WIDTH:05d}]" if i >= WIDTH else "[]"
@@ -71,13 +77,31 @@ def run_argv(root: Path, jobs: int, run_id: str) -> list[str]:
 
 def overhead(n: int, repeat: int, tmp: Path) -> None:
     root = project(tmp, "overhead", layered(n, ["true"], "overhead"))
-    runs, bares = [], []
+    boxed = project(tmp, "overhead-sandboxed", layered(n, ["true"], "overhead", sandbox=True))
+    runs, sandboxed, bares = [], [], []
     for r in range(repeat):
         runs.append(timed(run_argv(root, 2, f"r{r}")))
+        sandboxed.append(timed(run_argv(boxed, 2, f"r{r}")))
         bares.append(timed([sys.executable, "-c", BARE, str(n), str(tmp / f"bare-{r}")]))
-    best, bare = min(runs), min(bares)
-    print(f"overhead: {n} `true` nodes, --jobs 2: runtime {best / n * 1000:.2f} ms/node, "
-          f"bare loop {bare / n * 1000:.2f} ms/node, ratio {best / bare:.2f}x (goal <= 1.6x)")
+    best, boxed_best, bare = min(runs), min(sandboxed), min(bares)
+    print(f"overhead: {n} `true` nodes, --jobs 2: runtime {best / n * 1000:.2f} ms/node "
+          f"(sandboxed {boxed_best / n * 1000:.2f} ms/node), bare loop "
+          f"{bare / n * 1000:.2f} ms/node, ratio {best / bare:.2f}x (goal <= 1.6x; "
+          f"sandboxed {boxed_best / bare:.2f}x)")
+
+
+def sandbox_cost(n: int, repeat: int, tmp: Path) -> None:
+    """What bubblewrap adds to one attempt: --jobs 1, so the run is the attempts' sum."""
+    open_root = project(tmp, "cost-open", layered(n, ["true"], "cost"))
+    boxed_root = project(tmp, "cost-sandboxed", layered(n, ["true"], "cost", sandbox=True))
+    opens, boxed = [], []
+    for r in range(repeat):  # interleaved: the machine's load hits both alike
+        opens.append(timed(run_argv(open_root, 1, f"c{r}")))
+        boxed.append(timed(run_argv(boxed_root, 1, f"c{r}")))
+    per_open, per_boxed = min(opens) / n * 1000, min(boxed) / n * 1000
+    print(f"sandbox: {n} `true` nodes, --jobs 1: unsandboxed {per_open:.2f} ms/node, "
+          f"sandboxed {per_boxed:.2f} ms/node: the sandbox adds {per_boxed - per_open:.2f} "
+          f"ms per attempt, ratio {per_boxed / per_open:.2f}x (goal <= 3 ms)")
 
 
 def makespan(width: int, sleep_s: float, jobs: int, repeat: int, tmp: Path) -> None:
@@ -104,10 +128,12 @@ def makespan(width: int, sleep_s: float, jobs: int, repeat: int, tmp: Path) -> N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--sandbox-nodes", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
         overhead(args.nodes, args.repeat, Path(tmp))
+        sandbox_cost(args.sandbox_nodes, args.repeat, Path(tmp))
         makespan(40, 0.5, 4, args.repeat, Path(tmp))
 
 

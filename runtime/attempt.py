@@ -28,7 +28,8 @@ from .failures import FailureClass
 from .feedback import fingerprint, render_preamble
 from .files import UnsafeFileError, read_capped, replace_atomically, write_read_only
 from .ledger import AttemptFinished, AttemptRecord, AttemptStarted
-from .records import AttemptContext
+from .profiles import CommandProfile
+from .records import AttemptContext, SandboxRecord
 from .redact import Redactor, sanitize
 from .rundir import InputMismatch
 
@@ -152,7 +153,19 @@ class Attempt:
             profile_digest=self.ctx.profile_digest(spec.profile),
             plan_prompt_digest=self.node.prompt_digest, prompt_digest=self._prompt_digest,
             preamble_digest=self._preamble_digest, prior_failures=list(spec.prior_failures),
-            started_at=self.started, **outcome))
+            sandbox=self._sandbox(), started_at=self.started, **outcome))
+
+    def _sandbox(self) -> SandboxRecord | None:
+        from .agents.sandbox import find_bubblewrap
+
+        profile = self.ctx.manifest.agents[self.spec.profile]
+        if not isinstance(profile, CommandProfile):
+            return None
+        if profile.sandbox is False:
+            return SandboxRecord(enabled=False)
+        bwrap = find_bubblewrap()
+        return SandboxRecord(enabled=True, bubblewrap=bwrap.version if bwrap else None,
+                             network=profile.sandbox.network)
 
     def _write_context(self, ctx: AttemptContext) -> None:
         data = (ctx.model_dump_json(indent=2) + "\n").encode()
@@ -182,7 +195,8 @@ class Attempt:
             max_attempts=self.spec.policy.ceiling, prompt=prompt,
             prompt_file=(self.dir / "prompt.md").absolute(), workspace=ws.absolute(),
             timeout_s=timeout, env=self._env(ws), artifacts=tuple(self.node.artifacts),
-            stdout=stdout, stderr=stderr, cancel=self.ctx.cancel)
+            stdout=stdout, stderr=stderr, cancel=self.ctx.cancel,
+            attempt_dir=self.dir.absolute())
         try:
             agent = make_agent(self.ctx.manifest.agents[self.spec.profile])
             exit_ = agent.run(inv)

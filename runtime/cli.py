@@ -83,8 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("resume", help="finish an interrupted or crashed run")
     p.add_argument("run", metavar="RUN", help="run directory, or run id under --artifacts")
-    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
-                   help="a literal to redact from error text (repeatable)")
+    _redact_options(p)
     p.add_argument("--deadline", type=float, metavar="SECONDS",
                    help="a new wall-clock limit for the rest of the run, from now")
     _common(p, plans=False)
@@ -130,10 +129,17 @@ def _override_options(p: argparse.ArgumentParser) -> None:
                    metavar="NODE.FIELD=VALUE",
                    help="override max_attempts, retry_feedback or retry_on for this run "
                    "(NODE may be '*'); prompt digests are unchanged")
-    p.add_argument("--redact", action="append", default=[], metavar="VALUE",
-                   help="a literal to redact from error text (repeatable)")
+    _redact_options(p)
     p.add_argument("--no-preflight", action="store_true",
                    help="skip the agent checks of `runtime doctor` before the first node")
+
+
+def _redact_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--redact-file", action="append", default=[], type=Path, metavar="FILE",
+                   help="literals to redact from error text, one per line (repeatable; "
+                   "also RUNTIME_REDACT, ':'-separated)")
+    # Refused with an explanation (issue 8): a secret in argv is readable by every process.
+    p.add_argument("--redact", action="append", default=[], help=argparse.SUPPRESS)
 
 
 def _run_options(p: argparse.ArgumentParser) -> None:
@@ -318,6 +324,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .run import check_settings, start_run
     from .rundir import check_run_id
 
+    redactor = _redactor(args)  # before planning: a refused option writes nothing
     target: Path = args.target
     _check_output_paths(args)
     _check_count("--jobs", args.jobs, 1, MAX_JOBS)
@@ -346,7 +353,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides=parse_sets(args.sets, manifest), operator_prompt=operator_prompt)
     check_settings(manifest, settings)
     if not args.no_preflight:
-        settings = _preflight(manifest, settings, args.redact)
+        settings = _preflight(manifest, settings, redactor)
     if compiled is not None:
         # Only now that every option is known good: write_plan verifies a plan
         # directory it reuses, and writes a new one itself.
@@ -355,18 +362,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings.model_copy(update={"deadline_at": _deadline_at(args.deadline)})
     with _cancel_on_signals() as cancel:
         result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
-                           redactor=_redactor(args.redact), hooks=_hooks(cancel),
+                           redactor=redactor, hooks=_hooks(cancel),
                            verified=verified)
     return _report_run(args, result)
 
 
-def _preflight(manifest: Any, settings: Any, redact: list[str]) -> Any:
+def _preflight(manifest: Any, settings: Any, redactor: Any) -> Any:
     """Refuse (exit 2) or skip the profiles that cannot run (runtime/preflight.py)."""
     from .preflight import notes, preflight_run
     from .run import check_settings
 
     check_settings(manifest, settings)
-    settings, decision = preflight_run(manifest, settings, redactor=_redactor(redact))
+    settings, decision = preflight_run(manifest, settings, redactor=redactor)
     for line in notes(decision):
         sys.stderr.write(line + "\n")
     return settings
@@ -377,7 +384,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     targets = args.targets or [Path("topologies")]
     manifests = load_manifests(targets, args.prompts, parse_vars(args.var))
-    checks, decisions = doctor(manifests, args.agent, redactor=_redactor([]))
+    checks, decisions = doctor(manifests, args.agent, redactor=_env_redactor([]))
     _emit(args, checks_json(checks, decisions), render_checks(checks, decisions))
     return EXIT_OK if all(c.ok for c in checks) else EXIT_FAILED
 
@@ -395,7 +402,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
     topologies = expand(args.paths)
     options = BatchOptions(prompts=args.prompts, artifacts=args.artifacts, jobs=args.jobs,
                            node_jobs=args.node_jobs, agent=args.agent, sets=tuple(args.sets),
-                           batch_id=args.batch_id, redactor=_redactor(args.redact),
+                           batch_id=args.batch_id, redactor=_redactor(args),
                            preflight=not args.no_preflight)
     console = Console(stderr=True)
     live = not args.no_progress and not args.json and console.is_terminal
@@ -429,9 +436,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from .run import resolve_run_dir, resume_run
 
     deadline_at = _deadline_at(args.deadline)
+    redactor = _redactor(args)
     run_dir = resolve_run_dir(args.run, args.artifacts)
     with _cancel_on_signals() as cancel:
-        result = resume_run(run_dir, redactor=_redactor(args.redact), hooks=_hooks(cancel),
+        result = resume_run(run_dir, redactor=redactor, hooks=_hooks(cancel),
                             deadline_at=deadline_at)
     return _report_run(args, result)
 
@@ -448,7 +456,30 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK if state.status == "succeeded" else EXIT_FAILED
 
 
-def _redactor(declared: list[str]) -> Any:
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read as UTF-8 text: {exc}") from None
+
+
+def _redactor(args: argparse.Namespace) -> Any:
+    """Literals to redact come from files and RUNTIME_REDACT, never from argv: the
+    runtime's command line is readable by every process on the machine, agents
+    included (/proc/<pid>/cmdline)."""
+
+    if args.redact:
+        raise UsageError("--redact VALUE would put the secret in the runtime's command line, "
+                         "which every process on the machine can read; write the literals "
+                         "to a file, one per line, and pass --redact-file FILE, or set "
+                         "RUNTIME_REDACT (':'-separated)")
+    declared: list[str] = []
+    for path in args.redact_file:
+        declared += [line for line in _read_text(path).splitlines() if line.strip()]
+    return _env_redactor(declared)
+
+
+def _env_redactor(declared: list[str]) -> Any:
     from .redact import Redactor
 
     extra = [v for v in os.environ.get("RUNTIME_REDACT", "").split(os.pathsep) if v]

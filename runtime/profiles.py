@@ -7,9 +7,9 @@ always available, so ``--agent simulated`` runs any plan offline.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PLACEHOLDER = re.compile(r"\{(prompt_file|workspace|node)\}")
@@ -21,6 +21,39 @@ class _Profile(BaseModel):
     timeout_s: float | None = Field(
         default=None, gt=0, description="Default per-attempt timeout for nodes on this profile."
     )
+
+
+class SandboxSettings(BaseModel):
+    """How a ``command`` agent is contained (bubblewrap). The default ``{}`` sandboxes it
+    with the network allowed; ``sandbox: false`` on the profile opts out."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    network: bool = Field(
+        default=True, description="Allow network access (false: a new network namespace "
+        "with only loopback).")
+    writable: list[str] = Field(
+        default_factory=list,
+        description="Host paths the agent may write besides its workspace, absolute or "
+        "~/-relative (state a CLI keeps, e.g. ~/.claude/). A trailing / marks a directory, "
+        "created when missing; other paths that do not exist are skipped.")
+
+    @field_validator("writable")
+    @classmethod
+    def _writable_paths(cls, paths: list[str]) -> list[str]:
+        bad = [p for p in paths if not (p.startswith("/") or p.startswith("~/"))
+               or ".." in p.split("/") or "\0" in p or p.rstrip("/") in ("", "~")]
+        if bad:
+            raise ValueError(f"writable paths must be absolute or start with ~/, without "
+                             f"'..', and not / or ~ itself: {bad}")
+        return paths
+
+
+def _sandbox_problem(err: Any) -> str:
+    where = ".".join(str(p) for p in err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key (accepted: network, writable)"
+    return f"{where}: {err['msg'].removeprefix('Value error, ')}"
 
 
 class CommandProfile(_Profile):
@@ -60,6 +93,25 @@ class CommandProfile(_Profile):
         if bad:
             raise ValueError(f"preflight runs before any node: no placeholders ({bad})")
         return argv
+
+    sandbox: SandboxSettings | Literal[False] = Field(
+        default_factory=SandboxSettings,
+        description="Containment: {} (default) runs the agent under bubblewrap with the "
+        "network allowed; {network: false, writable: [...]} tunes it; false opts out.")
+
+    @field_validator("sandbox", mode="before")
+    @classmethod
+    def _sandbox_value(cls, value: object) -> object:
+        """One clear message instead of one per member of the union."""
+        if value is False or isinstance(value, SandboxSettings):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError("expected a mapping ({}, {network: false}, {writable: [...]}) or "
+                             "false to opt out of the sandbox")
+        try:
+            return SandboxSettings.model_validate(value)
+        except ValidationError as exc:
+            raise ValueError("; ".join(_sandbox_problem(e) for e in exc.errors())) from None
 
     @field_validator("env")
     @classmethod

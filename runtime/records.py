@@ -52,6 +52,16 @@ class PriorFailure(BaseModel):
     fingerprint: str
 
 
+class SandboxRecord(BaseModel):
+    """How a ``command`` agent's attempt was contained (issue 8)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = Field(description="false: the profile opted out with sandbox: false.")
+    bubblewrap: str | None = Field(default=None, description="bubblewrap's version.")
+    network: bool | None = Field(default=None, description="network allowed in the sandbox")
+
+
 class AttemptContext(BaseModel):
     """``attempts/<n>/attempt.json``: the attempt's context, then its outcome.
 
@@ -74,6 +84,8 @@ class AttemptContext(BaseModel):
     prompt_digest: str
     preamble_digest: str | None
     prior_failures: list[PriorFailure] = Field(default_factory=list)
+    sandbox: SandboxRecord | None = Field(
+        default=None, description="command agents only: the containment the attempt ran in")
     outcome: Literal["succeeded"] | FailureClass | None = None
     failure_classes: list[FailureClass] = Field(default_factory=list)
     exit_code: int | None = None

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .agents.procs import kill_leftovers
+from .agents.sandbox import require_bubblewrap, sandboxed_profiles
 from .context import AttemptBudget, RunContext
 from .digest import blake3_hex
 from .errors import LedgerError, PlanIntegrityError, UsageError
@@ -66,6 +68,16 @@ def check_settings(manifest: Manifest, settings: RunSettings) -> None:
         if node not in manifest.nodes:
             raise UsageError(f"--set {node}.*: no node {node!r} in the plan; nodes: "
                              f"{', '.join(sorted(manifest.nodes))}")
+    _require_sandbox(manifest, settings)
+
+
+def _require_sandbox(manifest: Manifest, settings: RunSettings) -> None:
+    """Issue 8: with bubblewrap missing, a profile that did not opt out of the sandbox
+    refuses to start (exit 2) before any node runs, rather than failing every attempt."""
+    used = {settings.agent} if settings.agent else {
+        name for node in manifest.nodes.values()
+        for name in [node.agent, *([] if settings.no_fallback else node.fallback)]}
+    require_bubblewrap(sandboxed_profiles(manifest.agents, used))
 
 
 def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
@@ -140,9 +152,14 @@ def resume_run(run_dir: Path, *, redactor: Redactor | None = None,
     value is recorded in the resumed ``run.started``)."""
     manifest, state = load_run(run_dir)
     layout = RunLayout(run_dir)
+    # A crashed runtime's agents may still be running (unsandboxed ones survive it):
+    # nothing may write the workspaces once the next attempts start.
+    kill_leftovers([layout.attempt_dir(nid, a.attempt) for nid, ns in state.nodes.items()
+                    for a in ns.attempts], state.run_id)
     if state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
         return RunResult(state.run_id, run_dir, state.status, state)
     settings = RunSettings.model_validate(state.settings)
+    _require_sandbox(manifest, settings)
     if deadline_at is not None:
         settings = settings.model_copy(update={"deadline_at": deadline_at})
     hooks = hooks or Hooks()

@@ -104,14 +104,18 @@ def test_command_child_sees_only_allowed_environment(
     assert "SUPER_SECRET_TOKEN" not in names and "RUNTIME_NODE" in names
 
 
-def test_command_placeholders_and_prompt_file(make_inv: Callable[..., Invocation]) -> None:
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_command_placeholders_and_prompt_file(make_inv: Callable[..., Invocation],
+                                              sandboxed: bool) -> None:
     inv = make_inv()
-    agent = make_agent(CommandProfile(kind="command", prompt_via="file", argv=[
-        "sh", "-c", 'cat "$1" > copy.md; echo "$2 $3" > args.txt', "sh", "{prompt_file}",
-        "{node}", "{workspace}"]))
+    agent = make_agent(CommandProfile.model_validate({
+        "kind": "command", "prompt_via": "file", "sandbox": {} if sandboxed else False,
+        "argv": ["sh", "-c", 'cat "$1" > copy.md; echo "$2 $3" > args.txt', "sh",
+                 "{prompt_file}", "{node}", "{workspace}"]}))
     assert agent.run(inv).exit_code == 0
     assert (inv.workspace / "copy.md").read_text() == "Do the task.\n"
-    assert (inv.workspace / "args.txt").read_text() == f"n {inv.workspace}\n"
+    workspace = "/mnt/workspace" if sandboxed else inv.workspace
+    assert (inv.workspace / "args.txt").read_text() == f"n {workspace}\n"
 
 
 def test_timeout_kills_the_whole_process_group(make_inv: Callable[..., Invocation],
@@ -119,7 +123,8 @@ def test_timeout_kills_the_whole_process_group(make_inv: Callable[..., Invocatio
     pidfile = tmp_path / "grandchild.pid"
     inv = make_inv(timeout_s=0.5)
     script = f"sleep 60 & echo $! > {pidfile}; wait"
-    result = make_agent(CommandProfile(kind="command", argv=["sh", "-c", script])).run(inv)
+    result = make_agent(CommandProfile(kind="command", argv=["sh", "-c", script],
+                                       sandbox=False)).run(inv)
     assert result.timed_out
     pid = int(pidfile.read_text())
     for _ in range(50):

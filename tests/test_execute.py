@@ -196,10 +196,11 @@ def test_ledger_order_respects_dependencies(project: Project) -> None:
     assert seqs == list(range(1, len(seqs) + 1))
 
 
-def test_attempt_files_and_environment(project: Project) -> None:
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_attempt_files_and_environment(project: Project, sandboxed: bool) -> None:
     topo = _topo("cmd")
     topo["agents"]["cmd"] = {
-        "kind": "command", "prompt_via": "stdin",
+        "kind": "command", "prompt_via": "stdin", "sandbox": {} if sandboxed else False,
         "argv": ["sh", "-c", 'cat > got-prompt.txt; env | sort > env.txt; '
                  'printf "{}" > a.json; echo out; echo err >&2']}
     run_topology(project, topo)
@@ -213,7 +214,8 @@ def test_attempt_files_and_environment(project: Project) -> None:
                (node_dir / "workspace" / "env.txt").read_text().splitlines() if "=" in line)
     assert env["RUNTIME_NODE"] == "a" and env["RUNTIME_ATTEMPT"] == "1"
     assert env["RUNTIME_RUN_ID"] == "test-run"
-    assert Path(env["RUNTIME_ATTEMPT_CONTEXT"]) == adir / "attempt.json"
+    assert Path(env["RUNTIME_ATTEMPT_CONTEXT"]) == (
+        Path("/mnt/attempt/attempt.json") if sandboxed else adir.absolute() / "attempt.json")
     ctx = json.loads((adir / "attempt.json").read_text())
     assert ctx["outcome"] == "succeeded" and ctx["stdout_bytes"] == 4
 

@@ -42,6 +42,9 @@ class Invocation:
     stdout: BoundedCapture
     stderr: BoundedCapture
     cancel: threading.Event = field(default_factory=threading.Event)
+    # The attempt's directory in the run (``attempt.json`` lives there): adapters that
+    # start processes record them there for a resume after a crash. None outside a run.
+    attempt_dir: Path | None = None
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,17 @@
-"""``command`` agent: a subprocess in its own process group, with an env allow-list.
+"""``command`` agent: a subprocess, sandboxed by default, with an env allow-list.
 
-argv placeholders: ``{prompt_file}``, ``{workspace}``, ``{node}``. The prompt goes on
-stdin (``prompt_via: stdin``) or only as the file. The child gets PATH, HOME, LANG,
-LC_*, TMPDIR, TERM, the names its profile lists under ``env:``, and RUNTIME_*; nothing
-else. A timeout or cancellation terminates the whole process group (SIGTERM, then
-SIGKILL after a grace period), so grandchildren cannot outlive the attempt.
+argv placeholders: ``{prompt_file}``, ``{workspace}``, ``{node}``; they and the
+``RUNTIME_*`` paths are absolute: the fixed paths inside the sandbox (``/mnt/workspace``,
+``/mnt/attempt/prompt.md``, ``/mnt/attempt/attempt.json``, see ``sandbox.py``), or the host's
+with ``sandbox: false``. The prompt goes on stdin (``prompt_via: stdin``) or only as the
+file. The child gets PATH, HOME, LANG, LC_*, TMPDIR, TERM, the names its profile lists
+under ``env:``, and RUNTIME_*; nothing else.
+
+No process outlives the attempt (``procs.py``): the agent starts in its own session;
+a timeout or cancellation terminates its process group (SIGTERM, then SIGKILL after a
+grace period); when the leader is gone, everything the runtime adopted from it (the
+runtime is a child subreaper) is killed and reaped before ``run`` returns. Sandboxed,
+the leader is bubblewrap and the agent's PID namespace dies with it.
 
 Contradictory completion (exit 0 with a terminal error): with ``result_json: true``
 stdout is parsed as a JSON result and ``is_error: true`` or an ``error`` field is a
@@ -22,20 +29,25 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from ..capture import DEFAULT_HEAD, DEFAULT_TAIL
-from ..profiles import CommandProfile
-from . import AgentExit, Invocation
+from ..profiles import CommandProfile, SandboxSettings
+from . import AgentExit, Invocation, procs, sandbox
 from .recognise import kind_of, read_command
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "TMPDIR", "TERM")
 KILL_GRACE_S = 2.0
 POLL_S = 0.2
 READ_LIMIT = DEFAULT_HEAD + DEFAULT_TAIL  # all of stderr the capture kept
+# Past this, a cleanup reads every process rather than those with later pids (the pid
+# counter could have wrapped; pid_max can be as low as 32768).
+SHORT_ATTEMPT_S = 1.0
 
 
 def agent_environment(profile_env: list[str], runtime_env: Mapping[str, str],
@@ -51,9 +63,12 @@ class CommandAgent:
     def __init__(self, profile: CommandProfile) -> None:
         self.profile = profile
 
-    def argv(self, inv: Invocation) -> list[str]:
-        subs = {"{prompt_file}": str(inv.prompt_file), "{workspace}": str(inv.workspace),
-                "{node}": inv.node}
+    def argv(self, inv: Invocation, *, inside: bool = False) -> list[str]:
+        """The agent's argv with placeholders filled: with the sandbox's fixed paths when
+        ``inside``, else the host's (absolute either way)."""
+        prompt_file = str(sandbox.PROMPT_FILE) if inside else os.path.abspath(inv.prompt_file)
+        workspace = str(sandbox.WORKSPACE) if inside else os.path.abspath(inv.workspace)
+        subs = {"{prompt_file}": prompt_file, "{workspace}": workspace, "{node}": inv.node}
         out = []
         for arg in self.profile.argv:
             for key, value in subs.items():
@@ -61,17 +76,66 @@ class CommandAgent:
             out.append(arg)
         return out
 
+    def launch_argv(self, inv: Invocation, env: dict[str, str],
+                    ) -> tuple[list[str], dict[str, str]] | str:
+        """The argv and environment to start, or why they cannot be started."""
+        settings = self.profile.sandbox
+        if settings is False:
+            return self.argv(inv), env
+        bwrap = sandbox.find_bubblewrap()
+        if bwrap is None:
+            return f"bubblewrap (bwrap) is not installed: {sandbox.FIX}"
+        # Inside, a missing program is bwrap's exit 1, not an OSError: look it up here
+        # (the host is visible at the same paths) to report it as a launch error.
+        program = self.profile.argv[0]
+        found = (os.access(os.path.join(inv.workspace, program), os.X_OK) if "/" in program
+                 else shutil.which(program, path=env.get("PATH", os.defpath)) is not None)
+        if not found:
+            return f"{program}: No such file or directory"
+        spec = sandbox_spec(inv, settings)
+        problem = sandbox.create_writable_dirs(spec)
+        if problem is not None:
+            return problem
+        return (sandbox.bwrap_argv(bwrap.path, spec, self.argv(inv, inside=True)),
+                sandbox.sandbox_environment(env))
+
     def run(self, inv: Invocation) -> AgentExit:
-        env = agent_environment(self.profile.env, inv.env, os.environ)
+        launch = self.launch_argv(inv, agent_environment(self.profile.env, inv.env,
+                                                         os.environ))
+        if isinstance(launch, str):
+            return AgentExit(launch_error=launch)
+        argv, env = launch
         stdin = subprocess.PIPE if self.profile.prompt_via == "stdin" else subprocess.DEVNULL
+        procs.become_subreaper()
+        started = time.monotonic()
         try:
-            proc = subprocess.Popen(
-                self.argv(inv), cwd=inv.workspace, env=env, stdin=stdin,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+            with procs.launch_lock:
+                proc = subprocess.Popen(
+                    argv, cwd=inv.workspace, env=env, stdin=stdin, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, start_new_session=True)
+                procs.register(proc.pid)
         except OSError as exc:
             return AgentExit(launch_error=f"{self.profile.argv[0]}: {exc.strerror or exc}")
+        leader = procs.stat(proc.pid)
+        if inv.attempt_dir is not None and leader is not None:
+            procs.record_leader(inv.attempt_dir, proc.pid, leader.start,
+                                sandboxed=self.profile.sandbox is not False)
         stdin_data = inv.prompt.encode() if proc.stdin is not None else None
-        code, timed_out, cancelled = _Supervisor(proc, inv, stdin_data).run()
+        ended = False
+
+        def end() -> None:  # at the leader's exit, and again (a no-op then) at the end
+            nonlocal ended
+            if not ended:
+                ended = True
+                _end_attempt(proc, leader, time.monotonic() - started)
+
+        try:
+            code, timed_out, cancelled = _Supervisor(proc, inv, stdin_data, end).run()
+        finally:
+            end()
+        if not (timed_out or cancelled) and code == 1 and self.profile.sandbox is not False \
+                and (refused := _bwrap_refused(inv.stderr.head)) is not None:
+            return AgentExit(exit_code=code, launch_error=refused)
         return self._result(inv, code, timed_out, cancelled)
 
     def _result(self, inv: Invocation, code: int | None, timed_out: bool,
@@ -101,6 +165,52 @@ class CommandAgent:
         return None
 
 
+def sandbox_spec(inv: Invocation, settings: SandboxSettings) -> sandbox.SandboxSpec:
+    """What the attempt's sandbox binds, and what it hides: the run directory's
+    artifacts root (``<root>/runs/<run-id>/nodes/<node>/attempts/<n>``), or the run
+    directory itself when it does not live under a ``runs/`` directory."""
+    hide: tuple[Path, ...] = ()
+    context = None
+    if inv.attempt_dir is not None:
+        attempt_dir = Path(os.path.abspath(inv.attempt_dir))
+        context = attempt_dir / "attempt.json"
+        ups = attempt_dir.parents
+        if attempt_dir.parent.name == "attempts" and len(ups) > 4:
+            run_dir = ups[3]
+            root = run_dir.parents[1] if run_dir.parent.name == "runs" else run_dir
+            hide = (root if root != Path("/") else run_dir,)  # never a tmpfs over /
+        else:  # not a run's layout (a caller of the adapter): hide the attempt's parent
+            hide = (attempt_dir.parent,)
+    return sandbox.SandboxSpec(
+        workspace=Path(os.path.abspath(inv.workspace)),
+        prompt_file=Path(os.path.abspath(inv.prompt_file)), attempt_context=context,
+        hide=hide, network=settings.network, writable=tuple(settings.writable))
+
+
+def _bwrap_refused(stderr: bytes) -> str | None:
+    """bubblewrap's own failure (a mount it could not make, a program it could not
+    exec): exit 1 with a single ``bwrap: `` line as the only output, since the agent
+    never ran to write anything."""
+    text = stderr.decode("utf-8", "replace")
+    if text.startswith("bwrap: ") and text.count("\n") <= 1:
+        return f"sandbox: {text.strip()}"
+    return None
+
+
+def _end_attempt(proc: subprocess.Popen[bytes], leader: procs.Proc | None,
+                 elapsed: float) -> None:
+    """Nothing the agent started survives: the leader (if the supervisor gave up on it),
+    then everything the runtime adopted from it."""
+    procs.unregister(proc.pid)
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=KILL_GRACE_S)
+    if leader is not None:
+        procs.kill_descendants(proc.pid, leader.start, scan_all=elapsed > SHORT_ATTEMPT_S)
+
+
 def _json_result_error(stdout: bytes) -> str | None:
     try:
         result = json.loads(stdout)
@@ -123,8 +233,8 @@ class _Supervisor:
     that grow to 50 ms, more than a short agent's whole run)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], inv: Invocation,
-                 stdin_data: bytes | None) -> None:
-        self.proc, self.inv = proc, inv
+                 stdin_data: bytes | None, on_exit: Callable[[], None]) -> None:
+        self.proc, self.inv, self.on_exit = proc, inv, on_exit
         self.sel = selectors.DefaultSelector()
         self.reading = 0
         for stream, sink in ((proc.stdout, inv.stdout), (proc.stderr, inv.stderr)):
@@ -152,8 +262,10 @@ class _Supervisor:
                 now = time.monotonic()
                 if self.code is None and now >= deadline:
                     timed_out, self.code = True, _kill_group(self.proc)
+                    self.on_exit()
                 elif self.code is None and self.inv.cancel.is_set():
                     cancelled, self.code = True, _kill_group(self.proc)
+                    self.on_exit()
                 if self.code is not None:
                     drain_until = drain_until or now + KILL_GRACE_S
                     if now >= drain_until:
@@ -200,6 +312,8 @@ class _Supervisor:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.code = self.proc.wait()
+        # Now, not after the drain: an orphan holding stdout open would hold the drain.
+        self.on_exit()
 
     def _close(self) -> None:
         self.sel.close()

@@ -1,0 +1,263 @@
+"""No agent process outlives its attempt (issue 8, item 2).
+
+The runtime process becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``): whatever an
+agent detaches (a double fork, ``setsid``, a daemon) is re-parented to the runtime
+instead of init, so it stays findable. When an attempt's leader has exited,
+``kill_descendants`` kills everything the runtime adopted from it, whatever its
+session or process group, and reaps it.
+
+Which adopted processes belong to which attempt: every agent starts in a new session,
+and no process can join a session other than the one it was born in or a new one, so
+nothing an agent starts is ever in the runtime's own session; the runtime's other
+children (if any) are. An adopted process in the session of another live attempt's
+leader belongs to that attempt. One that left every session (``setsid``) cannot be
+attributed: it is killed when any attempt that started before it ends. With the
+sandbox, the agent's PID namespace holds all of that, and its death kills them.
+
+After a crash (``kill -9`` of the runtime) each started attempt's ``agent.json``
+(written in the attempt directory, which a sandboxed agent cannot see) names the
+leader's pid, start time and the boot it ran in; ``kill_leftovers`` kills that leader,
+everything in its session, and every process still carrying the run's id in its
+environment, before ``resume`` starts anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import logging
+import os
+import select
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PR_SET_CHILD_SUBREAPER = 36
+SMALL_RANGE = 32  # up to this many pids since the leader: probe each, no /proc listing
+AGENT_RECORD = "agent.json"
+_lock = threading.Lock()
+# Held while launching an agent until its leader is registered, and while a cleanup
+# scans and kills: a leader forked but not yet registered would look like an orphan.
+launch_lock = threading.RLock()
+_subreaper = False
+_leaders: set[int] = set()  # live agent leaders launched by this process
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    sid: int
+    start: int  # clock ticks since boot: with the pid, identifies the process
+    state: str
+
+
+def become_subreaper() -> bool:
+    """Make this process adopt orphaned descendants (once; idempotent)."""
+    global _subreaper
+    with _lock:
+        if not _subreaper:
+            libc = ctypes.CDLL(None, use_errno=True)
+            _subreaper = libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            if not _subreaper:
+                log.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: errno %d",
+                            ctypes.get_errno())
+        return _subreaper
+
+
+def stat(pid: int) -> Proc | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses: fields start after the last ')'.
+    fields = raw[raw.rfind(b")") + 2:].split()
+    try:
+        return Proc(pid=pid, state=fields[0].decode(), ppid=int(fields[1]),
+                    sid=int(fields[3]), start=int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def table(after: int | None = None) -> list[Proc]:
+    """Every process, or (``after`` given) only those whose pid was allocated after
+    ``after``: reading /proc/<pid>/stat costs ~50 us a process here, so a cleanup
+    after each attempt reads only the processes started since its leader. Pids are
+    handed out in increasing order, wrapping at pid_max; that holds unless the counter
+    went all the way round, which is why long attempts scan everything."""
+    last = _last_pid() if after is not None else None
+    if after is not None and last is not None and 0 <= last - after <= SMALL_RANGE:
+        pids: Iterable[int] = range(after + 1, last + 1)  # probing beats listing /proc
+    else:
+        pids = [int(n) for n in os.listdir("/proc") if n.isdigit()]
+        if after is not None and last is not None:
+            pids = [p for p in pids if (after < p <= last if last >= after
+                                        else p > after or p <= last)]
+    out = []
+    for pid in pids:
+        proc = stat(pid)
+        if proc is not None:
+            out.append(proc)
+    return out
+
+
+def _last_pid() -> int | None:
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "rb") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return None
+
+
+def register(pid: int) -> None:
+    with _lock:
+        _leaders.add(pid)
+
+
+def unregister(pid: int) -> None:
+    with _lock:
+        _leaders.discard(pid)
+
+
+def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) -> int:
+    """Kill and reap what this process adopted from the attempt led by ``leader`` (which
+    has exited and been reaped). ``scan_all``: read every process, not only those with
+    pids allocated after the leader's (for long attempts, where the pid counter may
+    have wrapped). Returns how many processes were killed."""
+    me, my_sid = os.getpid(), os.getsid(0)
+    killed = 0
+    for _ in range(100):  # each round re-parents the killed processes' children to us
+        if not _has_children():
+            return killed  # nothing adopted (and no other agent running): no scan
+        with launch_lock:
+            with _lock:
+                others = _leaders - {leader}
+            children: dict[int, list[Proc]] = {}
+            for p in table(None if scan_all else leader):
+                children.setdefault(p.ppid, []).append(p)
+            roots = [p for p in children.get(me, [])
+                     if p.sid != my_sid and p.pid not in others and p.sid not in others
+                     and p.start >= leader_start]
+            if not roots:
+                return killed
+            doomed = _subtrees(roots, children)
+            for p in doomed:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(p.pid, signal.SIGKILL)
+        killed += sum(1 for p in doomed if p.state != "Z")
+        for p in roots:
+            _reap(p.pid)
+    log.warning("descendants of agent %d kept appearing after 100 rounds of killing", leader)
+    return killed
+
+
+def _has_children() -> bool:
+    """Does this process have any child, live or zombie? (ECHILD means none.) Checked
+    without reaping anything (WNOWAIT), so no other waiter loses a status."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def _subtrees(roots: list[Proc], children: dict[int, list[Proc]]) -> list[Proc]:
+    out, stack = [], list(roots)
+    while stack:
+        p = stack.pop()
+        out.append(p)
+        stack.extend(children.get(p.pid, []))
+    return out
+
+
+def _reap(pid: int, timeout: float = 5.0) -> None:
+    """Reap a child we killed, waiting at most ``timeout`` (a process stuck in the
+    kernel may take a while to die; it is not worth hanging the attempt for)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        fd = -1
+    try:
+        if fd >= 0 and timeout > 0:
+            select.select([fd], [], [], timeout)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+# --- after a crash -----------------------------------------------------------------
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def record_leader(attempt_dir: Path, pid: int, start: int, sandboxed: bool) -> None:
+    """Write ``agent.json``: enough for a later ``resume`` to find this leader."""
+    data = {"schema_version": 1, "pid": pid, "start": start, "boot_id": boot_id(),
+            "sandboxed": sandboxed}
+    with contextlib.suppress(OSError):
+        (attempt_dir / AGENT_RECORD).write_text(json.dumps(data) + "\n")
+
+
+def kill_leftovers(attempt_dirs: Iterable[Path], run_id: str) -> int:
+    """Kill what a crashed runtime left running for these attempts: each recorded leader
+    still alive (same pid, start time and boot), its session, and any process whose
+    environment carries ``RUNTIME_RUN_ID=<run_id>``. Returns how many were killed."""
+    boot, me = boot_id(), os.getpid()
+    sessions: dict[int, int] = {}  # leader pid -> its start time
+    for d in attempt_dirs:
+        try:
+            rec = json.loads((d / AGENT_RECORD).read_text())
+            if rec.get("boot_id") == boot:
+                sessions[int(rec["pid"])] = int(rec["start"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    marker = f"RUNTIME_RUN_ID={run_id}".encode()
+    procs = table()
+    alive = {p.pid: p for p in procs}
+    # A pid is not handed out again while a process still has it as its session id:
+    # so members of session L are the leader's, unless a process L now exists with
+    # another start time (the whole session died and the number was reused).
+    sessions = {pid: start for pid, start in sessions.items()
+                if pid not in alive or alive[pid].start == start}
+    doomed = [p for p in procs if p.pid != me and (
+        (p.sid in sessions and p.start >= sessions[p.sid]) or _carries(p.pid, marker))]
+    for p in doomed:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p.pid, signal.SIGKILL)
+    for p in doomed:
+        _wait_gone(p)
+        if p.ppid == me:  # re-parented to us (we are a subreaper): reap it
+            _reap(p.pid, timeout=0)
+    return len(doomed)
+
+
+def _carries(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return marker in fh.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _wait_gone(p: Proc, timeout: float = 5.0) -> None:
+    """Wait until ``p`` is gone (or a zombie): it is not our child, so poll /proc."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        now = stat(p.pid)
+        if now is None or now.start != p.start or now.state in ("Z", "X"):
+            return
+        time.sleep(0.005)

@@ -1,0 +1,184 @@
+"""bubblewrap containment for ``command`` agents: detection, version, and the argv.
+
+Inside the sandbox an agent sees (DESIGN section 10, issue 8):
+
+- the host read-only (``--ro-bind / /``);
+- its workspace read-write at the fixed path ``/mnt/workspace`` (its working
+  directory), with ``/mnt/workspace/inputs`` (upstream artifacts) read-only on top;
+- the attempt's ``prompt.md`` and ``attempt.json`` read-only under ``/mnt/attempt``;
+- a private ``/tmp``, its own ``/proc`` and a minimal ``/dev``;
+- none of the artifacts root (ledger, ``state.json``, plans, other nodes' workspaces):
+  an empty read-only tmpfs is mounted over it;
+- a new PID namespace (the runtime's ``/proc/<pid>/environ`` does not exist in it),
+  IPC, UTS and cgroup namespaces, and a network namespace when ``network: false``;
+- no capabilities (``--cap-drop ALL``: a root runtime would otherwise hand the agent
+  CAP_SYS_ADMIN, enough to remount the read-only binds), ``--new-session`` (no
+  TIOCSTI into a terminal), ``--die-with-parent`` (the runtime's death kills it).
+
+Why under ``/mnt``: the fixed paths need a directory that exists on the host (nothing
+can be created in a read-only root), and ``/mnt`` is the FHS place for temporary
+mounts; the host's own ``/mnt`` is hidden by a tmpfs. Binding each top-level entry of
+``/`` onto a tmpfs root instead (so that ``/workspace`` could be created) cost 4 ms
+more per attempt here (bubblewrap's cost is its mounts, not its namespaces), so that
+is only the fallback for a host without ``/mnt``.
+
+Running as root, as the tests do in CI: bubblewrap needs no setuid bit and no
+unprivileged user namespaces then; ``--unshare-all`` still tries a user namespace and
+goes on without one where that is refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from ..errors import UsageError
+
+MOUNTS = PurePosixPath("/mnt")
+WORKSPACE = MOUNTS / "workspace"
+ATTEMPT = MOUNTS / "attempt"
+PROMPT_FILE = ATTEMPT / "prompt.md"
+ATTEMPT_CONTEXT = ATTEMPT / "attempt.json"
+# Mounted separately: never bound from the host's root listing (fallback layout).
+_OWN_MOUNTS = frozenset({"proc", "dev", "tmp", MOUNTS.name})
+FIX = "install it (`apt-get install bubblewrap`) or opt the profile out with `sandbox: false`"
+
+
+@dataclass(frozen=True)
+class Bubblewrap:
+    path: str
+    version: str
+
+
+@functools.lru_cache(maxsize=1)
+def find_bubblewrap() -> Bubblewrap | None:
+    """The ``bwrap`` on PATH and its version, or None. Looked up once per process: the
+    version goes into every ``attempt.json``, and a per-attempt ``bwrap --version``
+    would cost a process spawn."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return None
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True,
+                             timeout=10, check=False).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Bubblewrap(path=path, version=out.removeprefix("bubblewrap").strip() or "unknown")
+
+
+def sandboxed_profiles(agents: Mapping[str, object], used: Iterable[str]) -> list[str]:
+    """Which of the profiles a run will use are sandboxed ``command`` profiles."""
+    from ..profiles import CommandProfile
+
+    return sorted({name for name in used if isinstance(agents.get(name), CommandProfile)
+                   and agents[name].sandbox is not False})  # type: ignore[attr-defined]
+
+
+def require_bubblewrap(profiles: Iterable[str]) -> None:
+    """Refuse to start (exit 2, before any node runs) when a sandboxed profile will be
+    used and bubblewrap is missing. ``profiles``: names of those profiles."""
+    names = sorted(set(profiles))
+    if names and find_bubblewrap() is None:
+        raise UsageError(f"bubblewrap (bwrap) is not installed, and agent profile(s) "
+                         f"{', '.join(names)} run sandboxed by default: {FIX}")
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What one attempt's sandbox binds. Host paths are absolute."""
+
+    workspace: Path
+    prompt_file: Path | None = None
+    attempt_context: Path | None = None
+    hide: tuple[Path, ...] = ()
+    network: bool = True
+    writable: tuple[str, ...] = ()
+    home: str = field(default_factory=lambda: os.path.expanduser("~"))
+
+
+def expand_writable(paths: Iterable[str], home: str) -> list[str]:
+    """Host paths, ``~/`` expanded against ``home``; a trailing ``/`` is kept."""
+    return [os.path.join(home, p[2:]) if p.startswith("~/") else p for p in paths]
+
+
+def create_writable_dirs(spec: SandboxSpec) -> str | None:
+    """Entries written with a trailing ``/`` are directories, created (0700) when
+    missing: a CLI that cannot create its state directory in a read-only home fails
+    (codex does). Other missing entries are skipped, since whether they would be a
+    file or a directory is unknown (claude runs without ``~/.claude.json``). Returns
+    why a directory could not be created, or None."""
+    for path in expand_writable(spec.writable, spec.home):
+        if path.endswith("/"):
+            try:
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            except OSError as exc:
+                return (f"sandbox: cannot create the writable directory {path}: "
+                        f"{exc.strerror or exc}")
+    return None
+
+
+def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
+    """The whole argv: bubblewrap's options, then ``--``, then the agent's command."""
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL"]
+    if spec.network:
+        argv.append("--share-net")
+    if os.path.isdir(MOUNTS):
+        argv += ["--ro-bind", "/", "/"]
+    else:
+        argv += ["--tmpfs", "/", *_host_root()]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", str(MOUNTS)]
+    for path in expand_writable(spec.writable, spec.home):
+        path = path.rstrip("/")
+        argv += ["--bind-try", path, path]
+    for hidden in spec.hide:
+        # Under /tmp the private tmpfs already hides it; elsewhere an empty read-only
+        # tmpfs covers it (after the writable binds, so a writable path cannot expose it).
+        if not _under(hidden, "/tmp"):
+            argv += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
+    argv += ["--bind", str(spec.workspace), str(WORKSPACE)]
+    inputs = spec.workspace / "inputs"
+    if inputs.is_dir():
+        argv += ["--ro-bind", str(inputs), str(WORKSPACE / "inputs")]
+    for host, inside in ((spec.prompt_file, PROMPT_FILE),
+                         (spec.attempt_context, ATTEMPT_CONTEXT)):
+        if host is not None:
+            argv += ["--ro-bind-try", str(host), str(inside)]
+    argv += ["--remount-ro", str(MOUNTS), "--remount-ro", "/", "--chdir", str(WORKSPACE),
+             "--", *command]
+    return argv
+
+
+def sandbox_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment with the runtime's paths replaced by the fixed ones
+    inside the sandbox, and TMPDIR pointing at the private /tmp (a host TMPDIR would
+    be read-only in there)."""
+    out = dict(env)
+    out.update({"RUNTIME_WORKSPACE": str(WORKSPACE), "RUNTIME_PROMPT_FILE": str(PROMPT_FILE),
+                "RUNTIME_ATTEMPT_CONTEXT": str(ATTEMPT_CONTEXT), "TMPDIR": "/tmp"})
+    return out
+
+
+def _host_root() -> list[str]:
+    """Fallback: bind every top-level entry of the host's ``/`` read-only; symlinks
+    (``/bin`` -> ``usr/bin`` on merged-/usr systems) are recreated as symlinks."""
+    out: list[str] = []
+    with os.scandir("/") as entries:
+        for entry in sorted(entries, key=lambda e: e.name):
+            if entry.name in _OWN_MOUNTS:
+                continue
+            path = f"/{entry.name}"
+            if entry.is_symlink():
+                out += ["--symlink", os.readlink(path), path]
+            else:
+                out += ["--ro-bind", path, path]
+    return out
+
+
+def _under(path: Path, top: str) -> bool:
+    return path == Path(top) or Path(top) in path.parents

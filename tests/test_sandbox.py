@@ -1,0 +1,511 @@
+"""Containment (issue 8): bubblewrap for command agents, no surviving descendants,
+absolute paths, secrets out of reach. Hostile agents live in ``tests/hostile/``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from runtime.agents import Invocation, make_agent, procs, sandbox
+from runtime.capture import BoundedCapture
+from runtime.cli import main
+from runtime.failures import FailureClass, RunStatus
+from runtime.ledger import read_events
+from runtime.profiles import CommandProfile
+from runtime.records import AttemptContext
+from runtime.run import Hooks, resume_run
+from runtime.verify import verify_plan_dir
+from tests.conftest import REPO, Project, make_topology, plan_dir_for, run_topology
+
+HOSTILE = REPO / "tests" / "hostile"
+
+
+def _topo(argv: list[str], *, sandboxed: bool = True, dag: dict[str, list[str]] | None = None,
+          **profile: Any) -> dict[str, Any]:
+    topo = make_topology(dag or {"a": []})
+    settings = profile.pop("sandbox", {})
+    topo["agents"] = {"cmd": {"kind": "command", "argv": argv,
+                              "sandbox": settings if sandboxed else False, **profile}}
+    topo["defaults"] = {"agent": "cmd", "max_attempts": 1}
+    return topo
+
+
+def _alive_with(token: str) -> list[int]:
+    """Processes whose command line or environment mentions ``token``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        for name in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{pid}/{name}", "rb") as fh:
+                    if token.encode() in fh.read():
+                        state = procs.stat(int(pid))
+                        if state is not None and state.state != "Z":
+                            found.append(int(pid))
+                        break
+            except OSError:
+                continue
+    return found
+
+
+def _wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.02)
+
+
+@contextmanager
+def _captures(tmp_path: Path) -> Iterator[tuple[BoundedCapture, BoundedCapture]]:
+    out, err = BoundedCapture(tmp_path / "out.log"), BoundedCapture(tmp_path / "err.log")
+    try:
+        yield out, err
+    finally:
+        out.close()
+        err.close()
+
+
+# --- the argv and the profile ------------------------------------------------------
+
+
+def test_bwrap_argv_contains_the_promised_isolation(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "inputs").mkdir(parents=True)
+    spec = sandbox.SandboxSpec(workspace=ws, prompt_file=tmp_path / "p.md",
+                               hide=(Path("/srv/artifacts"),), network=False,
+                               writable=("~/.state/", "/var/x"), home="/home/u")
+    argv = sandbox.bwrap_argv("bwrap", spec, ["agent", "--flag"])
+    joined = " ".join(argv)
+    for option in ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop ALL",
+                   "--ro-bind / /", "--proc /proc", "--dev /dev", "--tmpfs /tmp",
+                   "--tmpfs /mnt", f"--bind {ws} /mnt/workspace",
+                   f"--ro-bind {ws}/inputs /mnt/workspace/inputs",
+                   f"--ro-bind-try {tmp_path}/p.md /mnt/attempt/prompt.md",
+                   "--tmpfs /srv/artifacts --remount-ro /srv/artifacts",
+                   "--bind-try /home/u/.state /home/u/.state", "--bind-try /var/x /var/x",
+                   "--remount-ro /mnt --remount-ro / --chdir /mnt/workspace -- agent --flag"):
+        assert option in joined
+    assert "--share-net" not in argv
+    assert "--share-net" in sandbox.bwrap_argv("bwrap", sandbox.SandboxSpec(workspace=ws), ["a"])
+
+
+@pytest.mark.parametrize(("attempt_dir", "hidden"), [
+    ("/srv/art/runs/r1/nodes/n/attempts/1", "/srv/art"),  # the whole artifacts root
+    ("/runs/r1/nodes/n/attempts/1", "/runs/r1"),  # never a tmpfs over /
+    ("/data/r1/nodes/n/attempts/1", "/data/r1"),  # a run directory not under runs/
+    ("/var/tmp/x/attempt", "/var/tmp/x"),  # not a run's layout
+])
+def test_what_the_sandbox_hides(tmp_path: Path, attempt_dir: str, hidden: str) -> None:
+    from runtime.agents.command import sandbox_spec
+    from runtime.profiles import SandboxSettings
+
+    with _captures(tmp_path) as (out, err):
+        inv = Invocation(run_id="r", node="n", attempt=1, max_attempts=1, prompt="",
+                         prompt_file=tmp_path / "p.md", workspace=tmp_path, timeout_s=5,
+                         env={}, artifacts=(), stdout=out, stderr=err,
+                         attempt_dir=Path(attempt_dir))
+        spec = sandbox_spec(inv, SandboxSettings())
+    assert spec.hide == (Path(hidden),)
+    assert spec.attempt_context == Path(attempt_dir) / "attempt.json"
+
+
+def test_without_mnt_the_host_root_is_bound_entry_by_entry(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_isdir = os.path.isdir
+    monkeypatch.setattr(os.path, "isdir", lambda p: p != sandbox.MOUNTS and real_isdir(p))
+    bwrap = sandbox.find_bubblewrap()
+    assert bwrap is not None
+    argv = sandbox.bwrap_argv(bwrap.path, sandbox.SandboxSpec(workspace=tmp_path),
+                              ["sh", "-c", "pwd > where.txt; touch /usr/x || echo ro >> where.txt"])
+    assert "/" not in argv[argv.index("--ro-bind") + 1:argv.index("--ro-bind") + 2]
+    assert argv[argv.index("/usr") - 1:argv.index("/usr") + 2] == ["--ro-bind", "/usr", "/usr"]
+    assert subprocess.run(argv, check=False, capture_output=True).returncode == 0
+    assert (tmp_path / "where.txt").read_text() == "/mnt/workspace\nro\n"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ({"writable": ["relative/dir"]}, "writable paths must be absolute or start with ~/"),
+    ({"writable": ["~/../etc"]}, "without '..'"),
+    ({"writable": ["~"]}, "not / or ~ itself"),
+    ({"network": "maybe"}, "network: Input should be a valid boolean"),
+    ({"netwrok": False}, "netwrok: unknown key (accepted: network, writable)"),
+    (True, "expected a mapping ({}, {network: false}, {writable: [...]}) or false to opt out"),
+])
+def test_bad_sandbox_settings_are_plan_errors(project: Project, value: Any, message: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(_topo(["true"], sandbox=value))
+    assert main(project.cli("plan", str(project.topology))) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"topology\.yaml:\d+: agents\.cmd\.sandbox: ", err) and message in err
+
+
+def test_schema_documents_the_sandbox_field(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["schema"]) == 0
+    schema = json.loads(capsys.readouterr().out)
+    text = json.dumps(schema)
+    assert "SandboxSettings" in text and "writable" in text and "opts out" in text
+
+
+# --- paths the agent is given ------------------------------------------------------
+
+
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_prompt_via_file_and_absolute_runtime_paths(project: Project, sandboxed: bool) -> None:
+    script = ('cat "$1" > from-placeholder.md; cat "$RUNTIME_PROMPT_FILE" > from-env.md; '
+              'cat "$RUNTIME_ATTEMPT_CONTEXT" > context.json; '
+              'printf "%s\\n%s\\n%s\\n" "$RUNTIME_WORKSPACE" "$PWD" "$2" > paths.txt; '
+              'printf "{}" > a.json')
+    result = run_topology(project, _topo(["sh", "-c", script, "sh", "{prompt_file}",
+                                          "{workspace}"], sandboxed=sandboxed,
+                                         prompt_via="file"))
+    assert result.status is RunStatus.SUCCEEDED
+    node_dir = project.artifacts / "runs" / "test-run" / "nodes" / "a"
+    ws, prompt = node_dir / "workspace", (node_dir / "attempts" / "1" / "prompt.md").read_text()
+    assert (ws / "from-placeholder.md").read_text() == prompt
+    assert (ws / "from-env.md").read_text() == prompt
+    assert json.loads((ws / "context.json").read_text())["node"] == "a"
+    expected = "/mnt/workspace" if sandboxed else str(ws.resolve())
+    assert (ws / "paths.txt").read_text().splitlines() == [expected] * 3
+
+
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_attempt_json_records_the_sandbox(project: Project, sandboxed: bool) -> None:
+    run_topology(project, _topo(["sh", "-c", "printf {} > a.json"], sandboxed=sandboxed,
+                                sandbox={"network": False}))
+    path = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "attempts" / "1"
+    record = AttemptContext.model_validate_json((path / "attempt.json").read_bytes()).sandbox
+    assert record is not None and record.enabled is sandboxed
+    bwrap = sandbox.find_bubblewrap()
+    assert bwrap is not None and bwrap.version[0].isdigit()
+    assert record.bubblewrap == (bwrap.version if sandboxed else None)
+    assert record.network is (False if sandboxed else None)
+
+
+def test_network_false_leaves_only_loopback(project: Project) -> None:
+    run_topology(project, _topo(["sh", "-c", "cat /proc/net/dev > dev.txt; printf {} > a.json"],
+                                sandbox={"network": False}))
+    dev = (project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace" / "dev.txt")
+    interfaces = {line.split(":")[0].strip() for line in dev.read_text().splitlines()[2:]}
+    assert interfaces == {"lo"}
+
+
+# --- bubblewrap missing ------------------------------------------------------------
+
+
+@pytest.fixture
+def no_bubblewrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "find_bubblewrap", lambda: None)
+
+
+@pytest.mark.usefixtures("no_bubblewrap")
+def test_missing_bubblewrap_refuses_to_start(project: Project,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(_topo(["true"]))
+    assert main(project.cli("run", str(project.topology))) == 2
+    err = capsys.readouterr().err
+    assert "bubblewrap (bwrap) is not installed" in err and "cmd" in err
+    assert "apt-get install bubblewrap" in err and "sandbox: false" in err
+    assert not (project.artifacts / "runs").exists()
+    # Profiles that will not run, or opted out, need no bubblewrap.
+    assert main(project.cli("run", str(project.topology), "--agent", "simulated",
+                            "--run-id", "sim")) == 0
+    project.write_topology(_topo(["sh", "-c", "printf {} > a.json"], sandboxed=False))
+    assert main(project.cli("run", str(project.topology), "--run-id", "open")) == 0
+
+
+def test_missing_bubblewrap_refuses_to_resume(project: Project, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    cancelled = threading.Event()
+    cancelled.set()  # stopped before any node ran: resumable
+    result = run_topology(project, _topo(["true"]), hooks=Hooks(cancel=cancelled))
+    assert result.status is RunStatus.CANCELLED
+    monkeypatch.setattr(sandbox, "find_bubblewrap", lambda: None)
+    assert main(["resume", str(result.run_dir)]) == 2
+    assert "apt-get install bubblewrap" in capsys.readouterr().err
+
+
+@pytest.mark.usefixtures("no_bubblewrap")
+def test_missing_bubblewrap_at_launch_is_a_launch_error(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with _captures(tmp_path) as (out, err):
+        inv = Invocation(run_id="r", node="n", attempt=1, max_attempts=1, prompt="",
+                         prompt_file=tmp_path / "p.md", workspace=ws, timeout_s=5, env={},
+                         artifacts=(), stdout=out, stderr=err)
+        result = make_agent(CommandProfile(kind="command", argv=["true"])).run(inv)
+    assert result.launch_error == ("bubblewrap (bwrap) is not installed: install it "
+                                   "(`apt-get install bubblewrap`) or opt the profile out "
+                                   "with `sandbox: false`")
+
+
+def test_program_missing_inside_the_sandbox_is_a_launch_error(project: Project) -> None:
+    result = run_topology(project, _topo(["no-such-agent-binary"]))
+    node = result.state.nodes["a"]
+    assert node.failure is FailureClass.LAUNCH_ERROR
+    assert "no-such-agent-binary: No such file or directory" in node.attempts[0].error
+
+
+def test_program_outside_the_sandbox_view_is_a_launch_error(project: Project,
+                                                            tmp_path: Path) -> None:
+    """A program under /tmp exists on the host but not inside (private /tmp): bwrap's
+    own exec failure is a launch error, not the agent's exit 1."""
+    tool = tmp_path / "tool.sh"
+    tool.write_text("#!/bin/sh\nexit 0\n")
+    tool.chmod(0o755)
+    result = run_topology(project, _topo([str(tool)]))
+    attempt = result.state.nodes["a"].attempts[0]
+    assert attempt.outcome is FailureClass.LAUNCH_ERROR
+    assert attempt.error.startswith(f"sandbox: bwrap: execvp {tool}: No such file or directory")
+
+
+def test_writable_directory_that_cannot_be_created_is_a_launch_error(project: Project) -> None:
+    result = run_topology(project, _topo(["true"], sandbox={"writable": ["/proc/no/such/"]}))
+    attempt = result.state.nodes["a"].attempts[0]
+    assert attempt.outcome is FailureClass.LAUNCH_ERROR
+    assert attempt.error == ("sandbox: cannot create the writable directory /proc/no/such/: "
+                             "No such file or directory")
+
+
+# --- hostile agents ----------------------------------------------------------------
+
+
+@pytest.fixture(params=["under-tmp", "outside-tmp"])
+def any_project(request: pytest.FixtureRequest, project: Project) -> Iterator[Project]:
+    """A project under /tmp (hidden by the private /tmp) or outside it (hidden by the
+    tmpfs over the artifacts root)."""
+    if request.param == "under-tmp":
+        yield project
+        return
+    root = Path(tempfile.mkdtemp(prefix="sandbox-test-", dir="/var/tmp"))
+    try:
+        shutil.copytree(project.root, root / "proj")
+        yield Project(root / "proj")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_escape_attempts_fail_and_the_run_stays_intact(any_project: Project) -> None:
+    project = any_project
+    run_dir = (project.artifacts / "runs" / "test-run").absolute()
+    topo = make_topology({"victim": [], "attacker": ["victim"]})
+    topo["agents"] = {
+        "victim": {"kind": "command", "argv": ["sh", "-c", "printf '{\"v\": 1}' > victim.json"]},
+        "attacker": {"kind": "command",
+                     "argv": ["sh", str(HOSTILE / "escape.sh"), str(run_dir), "victim"]}}
+    topo["nodes"][0]["agent"], topo["nodes"][1]["agent"] = "victim", "attacker"
+    topo["defaults"] = {"agent": "victim", "max_attempts": 1}
+    result = run_topology(project, topo)
+    assert result.status is RunStatus.SUCCEEDED
+    report = dict(line.rsplit(" ", 1) for line in
+                  (run_dir / "nodes" / "attacker" / "workspace" / "attempts.txt")
+                  .read_text().splitlines())
+    assert report == {
+        "ledger-relative": "denied", "ledger-absolute": "denied", "state-read": "denied",
+        "plan-read": "denied", "other-workspace": "denied", "other-prompt": "denied",
+        "own-prompt-write": "denied", "input-write": "denied", "input-read": "ok",
+        "prompt-read": "ok", "context-read": "ok", "host-write": "denied", "tmp-write": "ok"}
+    events = read_events(run_dir / "ledger.jsonl")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.event for e in events].count("run.finished") == 1
+    assert (run_dir / "nodes" / "victim" / "workspace" / "victim.json").read_text() == '{"v": 1}'
+    copy = run_dir / "nodes" / "attacker" / "workspace" / "inputs" / "victim" / "victim.json"
+    assert copy.read_text() == '{"v": 1}'
+    assert verify_plan_dir(plan_dir_for(project, topo)) == []
+
+
+def test_agent_cannot_read_the_runtime_environment(project: Project,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOSTILE_TARGET_SECRET", "s3cr3t-" + secrets.token_hex(8))
+    run_topology(project, _topo([sys.executable, str(HOSTILE / "environ.py"),
+                                 str(os.getpid()), "HOSTILE_TARGET_SECRET"]))
+    ws = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace"
+    found = (ws / "found.txt").read_text()
+    assert found == "runtime-environ denied\n"
+    assert os.environ["HOSTILE_TARGET_SECRET"] not in found
+
+
+@pytest.mark.parametrize("sandboxed", [True, False])
+@pytest.mark.parametrize("hang", [False, True])
+def test_no_descendant_survives_the_attempt(project: Project, sandboxed: bool,
+                                            hang: bool) -> None:
+    """The agent leaves a detached child; with ``hang`` it then keeps running until the
+    run is cancelled (once its child exists: no timing involved)."""
+    token = f"hostile-{secrets.token_hex(8)}"
+    argv = ["sh", str(HOSTILE / "detach.sh"), token, *(["hang"] if hang else [])]
+    spawned = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace" / "spawned.txt"
+    cancel = threading.Event()
+    results: list[Any] = []
+    runner = threading.Thread(target=lambda: results.append(run_topology(
+        project, _topo(argv, sandboxed=sandboxed), hooks=Hooks(cancel=cancel))))
+    runner.start()
+    try:
+        if hang:
+            _wait_for(spawned.is_file, "the agent to detach its child")
+            cancel.set()
+    finally:
+        runner.join()
+    node = results[0].state.nodes["a"]
+    assert node.attempts[-1].outcome == (FailureClass.CANCELLED if hang else "succeeded")
+    assert spawned.is_file()
+    assert _alive_with(token) == []
+
+
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_parallel_attempts_each_leave_nothing_behind(project: Project, sandboxed: bool) -> None:
+    token = f"hostile-{secrets.token_hex(8)}"
+    topo = _topo(["sh", str(HOSTILE / "detach.sh"), token], sandboxed=sandboxed,
+                 dag={"a": [], "b": [], "c": [], "d": []})
+    result = run_topology(project, topo, jobs=4)
+    assert result.status is RunStatus.SUCCEEDED
+    assert _alive_with(token) == []
+
+
+@pytest.fixture
+def crashed_run(project: Project, request: pytest.FixtureRequest) -> Iterator[
+        tuple[Path, str, bool]]:
+    """A runtime (a separate process) killed with SIGKILL while its agent hangs, having
+    left a detached child behind."""
+    sandboxed: bool = request.param
+    token = f"hostile-{secrets.token_hex(8)}"
+    topo = _topo(["sh", str(HOSTILE / "detach.sh"), token, "hang"], sandboxed=sandboxed)
+    topo["defaults"]["max_attempts"] = 2
+    project.write_topology(yaml.safe_dump(topo))
+    run_id = f"crash-{secrets.token_hex(4)}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", *project.cli("run", str(project.topology),
+                                                        "--run-id", run_id)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = project.artifacts / "runs" / run_id
+    try:
+        _wait_for(lambda: (run_dir / "nodes/a/workspace/spawned.txt").is_file(), "the agent")
+        _wait_for(lambda: bool(_alive_with(token)), "the detached child")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        yield run_dir, token, sandboxed
+    finally:
+        for pid in _alive_with(token):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("crashed_run", [True, False], indirect=True)
+def test_resume_kills_what_a_crashed_runtime_left(crashed_run: tuple[Path, str, bool]) -> None:
+    run_dir, token, sandboxed = crashed_run
+    if sandboxed:  # --die-with-parent: the sandbox dies with the runtime
+        _wait_for(lambda: not _alive_with(token), "the sandbox to die with the runtime")
+    else:
+        assert _alive_with(token), "unsandboxed, the detached child outlives the runtime"
+    result = resume_run(run_dir)
+    assert result.status is RunStatus.SUCCEEDED
+    assert [a.outcome for a in result.state.nodes["a"].attempts] == [FailureClass.LOST,
+                                                                     "succeeded"]
+    assert _alive_with(token) == []
+
+
+def test_kill_leftovers_ignores_a_reused_pid(tmp_path: Path) -> None:
+    """A recorded leader whose pid now belongs to another process (another start time)
+    names nobody: its session is not killed."""
+    me = procs.stat(os.getpid())
+    assert me is not None
+    (tmp_path / "agent.json").write_text(json.dumps(
+        {"pid": me.sid, "start": 1, "boot_id": procs.boot_id(), "sandboxed": False}))
+    leader = procs.stat(me.sid)
+    if leader is not None:
+        (tmp_path / "agent.json").write_text(json.dumps(
+            {"pid": me.sid, "start": leader.start + 1, "boot_id": procs.boot_id()}))
+    assert procs.kill_leftovers([tmp_path], "no-such-run") == 0
+
+
+# --- the real CLIs, not logged in --------------------------------------------------
+
+
+def _shipped_profile(name: str) -> CommandProfile:
+    from runtime.topology import load_topology
+
+    topology = load_topology(REPO / "topologies" / "web-service-review.yaml", REPO / "prompts")
+    profile = topology.agents[name]
+    assert isinstance(profile, CommandProfile) and profile.sandbox is not False
+    return profile
+
+
+@pytest.mark.parametrize(("name", "argv", "expect"), [
+    ("claude", None, "Not logged in"),
+    ("codex", ["codex", "login", "status"], "Not logged in"),
+])
+def test_shipped_cli_profiles_reach_their_own_login_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, argv: list[str] | None,
+        expect: str) -> None:
+    assert shutil.which(name), (f"{name} is not installed: npm install -g "
+                                "@anthropic-ai/claude-code @openai/codex")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # a fresh, logged-out user
+    (tmp_path / "home").mkdir()
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    profile = _shipped_profile(name)
+    if argv is not None:  # `codex exec` retries an unreachable provider for minutes
+        profile = profile.model_copy(update={"argv": argv})
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with _captures(tmp_path) as (out, err):
+        inv = Invocation(run_id="r", node="n", attempt=1, max_attempts=1, prompt="Say hi.\n",
+                         prompt_file=tmp_path / "p.md", workspace=ws, timeout_s=120, env={},
+                         artifacts=(), stdout=out, stderr=err)
+        result = make_agent(profile).run(inv)
+        output = out.head.decode() + err.head.decode()
+    assert result.launch_error is None and not result.timed_out
+    assert expect in output, output
+    assert "bwrap" not in output and "Read-only file system" not in output
+
+
+# --- secrets out of the runtime's argv ---------------------------------------------
+
+
+@pytest.mark.parametrize("verb", ["run", "batch", "resume"])
+def test_redact_value_on_the_command_line_is_refused(
+        project: Project, verb: str, capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(_topo(["true"]))
+    target = "no-such-run" if verb == "resume" else str(project.topology)
+    assert main(project.cli(verb, target, "--redact", "hunter2")) == 2
+    err = capsys.readouterr().err
+    assert "--redact VALUE would put the secret in the runtime's command line" in err
+    assert "--redact-file FILE" in err and "RUNTIME_REDACT" in err
+    assert not project.artifacts.exists()
+
+
+def test_redact_file_and_environment_literals_are_redacted(
+        project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    secret_file = tmp_path / "redact.txt"
+    secret_file.write_text("first-literal-value\n\nsecond literal value\n")
+    monkeypatch.setenv("RUNTIME_REDACT", "third-literal-value")
+    project.write_topology(_topo(["sh", "-c", "echo first-literal-value second literal value "
+                                  "third-literal-value >&2; exit 1"]))
+    assert main(project.cli("run", str(project.topology), "--run-id", "r",
+                            "--redact-file", str(secret_file))) == 1
+    ledger = (project.artifacts / "runs" / "r" / "ledger.jsonl").read_text()
+    assert "literal-value" not in ledger and "second literal" not in ledger
+    assert ledger.count("[REDACTED:literal]") >= 3
+
+
+def test_unreadable_redact_file_is_an_input_error(project: Project, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(_topo(["true"]))
+    missing = tmp_path / "missing.txt"
+    assert main(project.cli("run", str(project.topology), "--redact-file", str(missing))) == 2
+    assert f"{missing}: cannot read as UTF-8 text" in capsys.readouterr().err
