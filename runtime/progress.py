@@ -73,7 +73,7 @@ class LiveProgress(Progress):
 def summary_table(summary: BatchSummary) -> Table:
     table = Table(title=f"batch {summary.batch_id}: {summary.status}")
     for col in ("topology", "status", "succeeded", "failed", "skipped", "attempts",
-                "succeeded after feedback"):
+                "succeeded after feedback", "findings"):
         table.add_column(col)
     style = {"succeeded": "green", "failed": "red", "invalid": "red", "cancelled": "yellow"}
     for e in summary.entries:
@@ -81,5 +81,6 @@ def summary_table(summary: BatchSummary) -> Table:
               for s in ("succeeded", "failed", "skipped")]
         table.add_row(e.topology or e.source, f"[{style[e.status]}]{e.status}",
                       *map(str, by), str(sum(n.attempts for n in e.nodes.values())),
-                      ", ".join(e.retries_after_feedback) or "-")
+                      ", ".join(e.retries_after_feedback) or "-",
+                      ", ".join(f"{n} {lv}" for lv, n in e.findings.items() if n) or "-")
     return table
