@@ -136,15 +136,18 @@ def _display_status(ns: NodeState) -> str:
     return ns.status.value
 
 
-def _note(ns: NodeState) -> str:
+def _note(ns: NodeState, state: RunState) -> str:
     if ns.failed_ancestor:
+        up = state.nodes.get(ns.failed_ancestor)
+        if up is not None and _display_status(up) == "not-started":
+            return f"upstream {ns.failed_ancestor} not started ({up.reason})"
         return f"upstream {ns.failed_ancestor} failed"
     return ns.reason or ""
 
 
-def _node_view(run_dir: Path, manifest: Manifest, nid: str, ns: NodeState,
+def _node_view(run_dir: Path, manifest: Manifest, state: RunState, nid: str,
                starts: dict[tuple[str, int], float], findings: int) -> NodeView:
-    pn = manifest.nodes[nid]
+    pn, ns = manifest.nodes[nid], state.nodes[nid]
     attempts = _attempt_views(run_dir, nid, ns, starts)
     status = _display_status(ns)
     started = min((a.started for a in attempts if a.started), default=None)
@@ -161,7 +164,7 @@ def _node_view(run_dir: Path, manifest: Manifest, nid: str, ns: NodeState,
     plural = "" if len(ns.attempts) == 1 else "s"
     label = f"{STATUS_STYLE[status]['symbol']} {word} · {len(ns.attempts)} attempt{plural}"
     return NodeView(
-        id=nid, status=status, label=label, note=_note(ns), objective=pn.objective or "",
+        id=nid, status=status, label=label, note=_note(ns, state), objective=pn.objective or "",
         prompt_digest=pn.prompt_digest, max_attempts=pn.max_attempts,
         retry_feedback=pn.retry_feedback, started=started,
         duration=(max(ends) - started) if started and ends else None, attempts=attempts,
@@ -256,7 +259,7 @@ def _diagram_nodes(views: list[NodeView]) -> dict[str, dict[str, str]]:
             detail = detail[: LABEL_CHARS + 2] + "…"
         out[v.id] = {"short": short, "status": v.status,
                      "state": f"{STATUS_STYLE[v.status]['symbol']} {word}", "detail": detail,
-                     "title": f"{v.id}: {v.label}" + (f" ({v.note})" if v.note else "")}
+                     "title": f"{v.id}: {v.label}" + (f" — {v.note}" if v.note else "")}
     return out
 
 
@@ -266,8 +269,8 @@ def render_run_report(run_dir: Path) -> Path:
     times = run_times(run_dir)
     found = run_findings(run_dir)
     per_node = {nid: sum(1 for f in found.findings if f.node == nid) for nid in state.nodes}
-    views = [_node_view(run_dir, manifest, nid, state.nodes[nid], times.attempt_starts,
-                        per_node[nid]) for nid in dag_order(manifest)]
+    views = [_node_view(run_dir, manifest, state, nid, times.attempt_starts, per_node[nid])
+             for nid in dag_order(manifest)]
     diagram: Diagram = layout(manifest.dag())
     html = _env().get_template("run.html.j2").render(
         state=state, times=times, nodes=views, diagram=diagram,

@@ -151,6 +151,8 @@ def test_node_never_started_is_not_drawn_failed(project: Project) -> None:
     node_a = node_a[: node_a.index("</g>")]
     assert STATUS_STYLE["failed"]["stroke"] not in node_a  # not red
     assert "not started" in node_a and "failed" not in node_a
+    assert dom.nodes["b"] == "skipped"
+    assert "upstream a not started (run deadline passed)" in "".join(dom.text)
 
 
 def _batch_project(project: Project) -> Path:
