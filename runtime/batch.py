@@ -151,7 +151,7 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
             cancel.set()
             for fut in futures:
                 fut.result()
-    return _write_summary(batch_dir, batch_id, topologies, entries, cancel)
+    return _write_summary(batch_dir, batch_id, topologies, entries, cancel, final=True)
 
 
 def _plan(path: Path, options: BatchOptions) -> CompiledPlan | BatchEntry:
@@ -236,7 +236,8 @@ def _succeeded_after_feedback(run_dir: Path, nid: str, ns: Any) -> bool:
 
 
 def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
-                   entries: dict[str, BatchEntry], cancel: threading.Event) -> BatchSummary:
+                   entries: dict[str, BatchEntry], cancel: threading.Event, *,
+                   final: bool = False) -> BatchSummary:
     ordered = [entries[str(p)] for p in topologies if str(p) in entries]
     if cancel.is_set() or any(e.status == "cancelled" for e in ordered):
         status: Literal["succeeded", "failed", "cancelled"] = "cancelled"
@@ -244,11 +245,18 @@ def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
         status = "succeeded"
     else:
         status = "failed"
-    findings = merge(Path(e.run_dir) for e in ordered if e.run_dir is not None)
-    findings_file = write_sarif(batch_dir / "findings.sarif", findings)
+    counts = count_levels([])
+    for e in ordered:
+        for level, n in e.findings.items():
+            counts[level] = counts.get(level, 0) + n
+    findings_file = None
+    if final:  # merged once at the end: re-reading every run per finished entry is O(n^2)
+        findings = merge(Path(e.run_dir) for e in ordered if e.run_dir is not None)
+        findings_file = str(write_sarif(batch_dir / "findings.sarif", findings))
+        counts = findings.counts()
     summary = BatchSummary(batch_id=batch_id, status=status, entries=ordered,
                            report=str(batch_dir / "report.html"),
-                           findings=findings.counts(), findings_file=str(findings_file))
+                           findings=counts, findings_file=findings_file)
     replace_atomically(batch_dir / "summary.json",
                        (summary.model_dump_json(indent=2) + "\n").encode())
     return summary
