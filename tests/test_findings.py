@@ -16,9 +16,10 @@ from runtime.batch import BatchOptions, BatchSummary, run_batch
 from runtime.cli import main
 from runtime.contract import check_artifact, sarif_errors, sarif_schema
 from runtime.findings import FINGERPRINT_KEY, Findings, Source, _node_run, collect, run_findings
+from runtime.plan import plan_topology
 from runtime.redact import Redactor
 from runtime.topology import ArtifactSpec
-from tests.conftest import Project, make_topology, run_topology
+from tests.conftest import REPO, Project, make_topology, run_topology
 
 OASIS_ID = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
             "sarif-schema-2.1.0.json")
@@ -294,3 +295,40 @@ def test_findings_text_is_inert_in_the_table() -> None:
 
     text = table_text(Findings(runs=[run], findings=findings))
     assert "[bold red]x[/] red" in text and "\x1b" not in text
+
+
+# -- the shipped topologies produce findings end to end ---------------------------------
+
+SHIPPED = sorted((REPO / "topologies").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("topology", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_each_shipped_topology_declares_sarif_and_asks_for_it(topology: Path) -> None:
+    plan = plan_topology(topology, REPO / "prompts")
+    sarif_nodes = [nid for nid, n in plan.manifest.nodes.items()
+                   if any(a.kind == "sarif" for a in n.artifacts)]
+    assert sarif_nodes, topology.name
+    for nid in sarif_nodes:
+        prompt = plan.prompts[plan.manifest.nodes[nid].prompt_digest].decode()
+        assert "## Findings as SARIF 2.1.0" in prompt and "ruleId" in prompt, nid
+
+
+def test_main_job_shows_findings_end_to_end(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    art = tmp_path / "artifacts"
+    code = main(["batch", str(REPO / "topologies"), "--agent", "demo", "--batch-id", "main",
+                 "--prompts", str(REPO / "prompts"), "--artifacts", str(art),
+                 "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "findings: 2 error, 2 warning, 1 note in" in out
+    batch_dir = art / "batches" / "main"
+    results = _results(batch_dir / "findings.sarif")
+    assert {r["properties"]["dagRuntime"]["topology"] for r in results} == {
+        p.stem for p in SHIPPED}
+    summary = BatchSummary.model_validate_json((batch_dir / "summary.json").read_bytes())
+    supply = next(e for e in summary.entries if e.topology == "supply-chain-review")
+    assert "ci-hardening" in supply.retries_after_feedback  # invalid SARIF, then corrected
+    assert summary.findings == {"error": 2, "warning": 2, "note": 1, "none": 0}
+    report = (batch_dir / "report.html").read_text()
+    assert report.count('class="finding"') == 5
