@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -341,7 +342,8 @@ def cmd_findings(args: argparse.Namespace) -> int:
     elif fmt == "json":
         data = json_bytes(found)
     else:
-        data = table_text(found).encode()
+        wide = sys.stdout.isatty() and args.output is None
+        data = table_text(found, shutil.get_terminal_size().columns if wide else 160).encode()
     counts = found.counts()
     if args.output is not None:
         from .files import replace_atomically
