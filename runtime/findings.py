@@ -1,7 +1,10 @@
 """Findings: every accepted SARIF artifact of a run or a batch, merged into one SARIF log.
 
 One SARIF ``run`` per node that declared a ``sarif`` artifact, in DAG order, with
-``automationDetails.id`` = ``<topology>/<node>``. Each result keeps what the agent wrote
+``automationDetails.id`` = ``<topology>/<node>/``. The trailing slash matters: code
+scanning takes everything up to the last ``/`` as the analysis category and refuses two
+runs of one tool with the same category in one upload; without it every node of a
+topology would share the category ``<topology>/``. Each result keeps what the agent wrote
 and gains provenance under ``properties.dagRuntime`` (topology, node, attempt, agent
 profile, run id, plan digest, node prompt digest, artifact path and digest) and a
 stable ``partialFingerprints["dagRuntime/v1"]`` so code scanning de-duplicates the same
@@ -276,7 +279,7 @@ def _node_run(topology: str, nid: str, inputs: list[tuple[dict[str, Any], Source
         findings.append(_flatten(res, rules, fp))
     out: dict[str, Any] = {
         "tool": {"driver": {**(driver or DRIVER), **({"rules": rules} if rules else {})}},
-        "automationDetails": {"id": f"{topology}/{nid}"},
+        "automationDetails": {"id": f"{topology}/{nid}/"},  # category: see the docstring
         "results": results,
         "properties": {PROVENANCE_KEY: {"topology": topology, "node": nid,
                                         "tools": sorted(set(tools))}},

@@ -165,7 +165,7 @@ def test_batch_writes_findings_sarif_and_counts(sarif_batch: Project) -> None:
     log = json.loads((batch_dir / "findings.sarif").read_text())
     _assert_official_sarif(log)
     assert [r["automationDetails"]["id"] for r in log["runs"]] == [
-        "alpha/review", "alpha/scan", "beta/review", "beta/scan"]
+        "alpha/review/", "alpha/scan/", "beta/review/", "beta/scan/"]
     results = _results(batch_dir / "findings.sarif")
     assert len(results) == 4
     prov = results[-1]["properties"]["dagRuntime"]
