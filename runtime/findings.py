@@ -226,7 +226,8 @@ def _read_artifact(run_dir: Path, manifest: Manifest, run: tuple[str, str], nid:
                    ) -> tuple[dict[str, Any] | None, Source | None, str | None]:
     workspace = run_dir / "nodes" / nid / "workspace"
     real = within(workspace, spec.path)
-    if real is None or not os.path.isfile(real) or os.path.islink(workspace / spec.path):
+    # The same rule as the artifact contract: resolved inside the workspace, a regular file.
+    if real is None or not os.path.isfile(real):
         if not spec.required and not os.path.lexists(workspace / spec.path):
             return None, None, None  # optional and absent: nothing to merge
         return None, None, f"{spec.path}: missing or not a regular file in the workspace"

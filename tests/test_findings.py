@@ -332,3 +332,16 @@ def test_main_job_shows_findings_end_to_end(tmp_path: Path,
     assert summary.findings == {"error": 2, "warning": 2, "note": 1, "none": 0}
     report = (batch_dir / "report.html").read_text()
     assert report.count('class="finding"') == 5
+
+
+def test_findings_verb_exits_1_on_a_changed_artifact(project: Project,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    result = run_topology(project, _sarif_topology(feedback=True))
+    sarif = Path(result.run_dir) / "nodes/scan/workspace/scan.sarif"
+    sarif.chmod(0o644)
+    sarif.write_text("{}")
+    assert main(["findings", str(result.run_dir), "--format", "sarif"]) == 1
+    captured = capsys.readouterr()
+    _assert_official_sarif(json.loads(captured.out))
+    assert ("problem: test-run/scan: scan.sarif: no longer valid SARIF 2.1.0: at /: 'version' "
+            "is a required property") in captured.err
