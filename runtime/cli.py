@@ -420,9 +420,16 @@ def _report_run(args: argparse.Namespace, result: Any) -> int:
                    "failure": ns.failure.value if ns.failure else None,
                    "reason": ns.reason, "failed_ancestor": ns.failed_ancestor}
              for nid, ns in state.nodes.items()}
+    from .findings import run_findings
+
+    counts = run_findings(result.run_dir).counts()
     obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),
-           "status": result.status.value, "nodes": nodes, "report": str(report)}
-    _emit(args, obj, _describe(state, result.run_dir, verbose=False) + f"report: {report}\n")
+           "status": result.status.value, "nodes": nodes, "report": str(report),
+           "findings": counts}
+    found = (f"findings: {_counts_text(counts)} (runtime findings {result.run_id})\n"
+             if any(counts.values()) else "")
+    _emit(args, obj, _describe(state, result.run_dir, verbose=False) + found
+          + f"report: {report}\n")
     return _exit_for(result.status)
 
 

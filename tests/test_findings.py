@@ -345,3 +345,13 @@ def test_findings_verb_exits_1_on_a_changed_artifact(project: Project,
     _assert_official_sarif(json.loads(captured.out))
     assert ("problem: test-run/scan: scan.sarif: no longer valid SARIF 2.1.0: at /: 'version' "
             "is a required property") in captured.err
+
+
+def test_run_prints_its_findings(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    project.write_topology(_sarif_topology(feedback=True))
+    assert main(project.cli("run", str(project.topology), "--run-id", "r1")) == 0
+    out = capsys.readouterr().out
+    level = sarif_example("scan")["runs"][0]["results"][0]["level"]
+    assert f"findings: 1 {level} (runtime findings r1)" in out
+    assert main(project.cli("run", str(project.topology), "--run-id", "r2", "--json")) == 0
+    assert json.loads(capsys.readouterr().out)["findings"][level] == 1
