@@ -40,6 +40,7 @@ from .run import load_run
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 ATTEMPT_FILES = ("prompt.md", "stdout.log", "stderr.log", "attempt.json")
 LABEL_CHARS = 19  # what fits a diagram box at its font size
+FINDINGS_SHOWN = 500  # most severe first; the rest stay in findings.sarif
 
 # Status as symbol, word and border as well as colour (WCAG 1.4.1). Fills are light so
 # the dark label text keeps well above 4.5:1 contrast on every one of them.
@@ -65,7 +66,7 @@ def _env() -> jinja2.Environment:
         loader=jinja2.PackageLoader("runtime", "templates"),
         autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
         lstrip_blocks=True)
-    env.globals.update(CSP=CSP, STATUS_STYLE=STATUS_STYLE)
+    env.globals.update(CSP=CSP, STATUS_STYLE=STATUS_STYLE, FINDINGS_SHOWN=FINDINGS_SHOWN)
     env.filters.update(when=_when, seconds=_seconds)
     return env
 

@@ -343,3 +343,18 @@ def test_reports_render_in_headless_chromium(run_dir: Path, project: Project,
     dom = _parse(html)
     _check_batch_dom(dom, batch)
     _check_no_host_path(html, project.root)
+
+
+def test_findings_table_is_bounded_most_severe_first() -> None:
+    from runtime.findings import Finding
+    from runtime.report import _env
+
+    def finding(level: str) -> Finding:
+        return Finding(level=level, rule="R", location="a.py:1", message="m", topology="t",  # type: ignore[arg-type]
+                       node="n", attempt=1, profile="p", run_id="r", artifact="a.sarif",
+                       fingerprint="f")
+
+    table = _env().get_template("macros.html.j2").module.findings_table  # type: ignore[attr-defined]
+    html = str(table([finding("error"), finding("note"), finding("note")], lambda f: None,
+                     False, 2))
+    assert html.count('class="finding"') == 2 and 'id="findings-more">1 more' in html
