@@ -39,7 +39,7 @@ from .run import load_run
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 ATTEMPT_FILES = ("prompt.md", "stdout.log", "stderr.log", "attempt.json")
-LABEL_CHARS = 19  # what fits a diagram box at its font size
+LABEL_CHARS = 18  # what fits a diagram box (bold 11.5 px from 16 characters on)
 FINDINGS_SHOWN = 500  # most severe first; the rest stay in findings.sarif
 
 # Status as symbol, word and border as well as colour (WCAG 1.4.1). Fills are light so
