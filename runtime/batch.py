@@ -4,7 +4,8 @@ Each topology gets the run id ``<batch-id>-<topology-name>``, so running the sam
 id again resumes what is unfinished and leaves finished runs alone. One topology that
 fails to plan or run never stops the others: it is recorded as ``invalid`` or
 ``failed`` in ``artifacts/batches/<id>/summary.json``, which is rewritten atomically as
-runs finish.
+runs finish, together with ``findings.sarif`` beside it: every accepted SARIF artifact
+of the batch merged (``findings.py``), with the counts per level in the summary.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .errors import DagRuntimeError, UsageError
 from .failures import NodeStatus, RunStatus
 from .files import replace_atomically
+from .findings import count_levels, merge, run_findings, write_sarif
 from .ledger import Event, RunState
 from .overrides import parse_sets, split_set
 from .plan import CompiledPlan, plan_topology, write_plan
@@ -60,6 +62,8 @@ class BatchEntry(BaseModel):
         default_factory=list, description="Nodes that succeeded on an attempt that received "
         "the retry preamble.")
     report: str | None = None
+    findings: dict[str, int] = Field(
+        default_factory=dict, description="Findings of this run per SARIF level.")
 
 
 class BatchSummary(BaseModel):
@@ -72,6 +76,11 @@ class BatchSummary(BaseModel):
     status: Literal["succeeded", "failed", "cancelled"]
     entries: list[BatchEntry]
     report: str | None = None
+    findings: dict[str, int] = Field(
+        default_factory=dict, description="Findings of the batch per SARIF level "
+        "(error, warning, note, none), as merged into findings.sarif.")
+    findings_file: str | None = Field(
+        default=None, description="findings.sarif, beside this summary.")
 
 
 @dataclass(frozen=True)
@@ -148,7 +157,7 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
             cancel.set()
             for fut in futures:
                 fut.result()
-    return _write_summary(batch_dir, batch_id, topologies, entries, cancel)
+    return _write_summary(batch_dir, batch_id, topologies, entries, cancel, final=True)
 
 
 def _plan(path: Path, options: BatchOptions) -> CompiledPlan | BatchEntry:
@@ -231,7 +240,8 @@ def entry_of(path: Path, result: RunResult) -> BatchEntry:
                            }.get(result.status, "failed")  # type: ignore[assignment]
     return BatchEntry(source=str(path), topology=state.topology, plan_digest=state.plan_digest,
                       run_id=result.run_id, run_dir=str(result.run_dir), status=status,
-                      nodes=nodes, retries_after_feedback=after_feedback)
+                      nodes=nodes, retries_after_feedback=after_feedback,
+                      findings=count_levels(run_findings(result.run_dir).findings))
 
 
 def _succeeded_after_feedback(run_dir: Path, nid: str, ns: Any) -> bool:
@@ -242,7 +252,8 @@ def _succeeded_after_feedback(run_dir: Path, nid: str, ns: Any) -> bool:
 
 
 def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
-                   entries: dict[str, BatchEntry], cancel: threading.Event) -> BatchSummary:
+                   entries: dict[str, BatchEntry], cancel: threading.Event, *,
+                   final: bool = False) -> BatchSummary:
     ordered = [entries[str(p)] for p in topologies if str(p) in entries]
     if cancel.is_set() or any(e.status == "cancelled" for e in ordered):
         status: Literal["succeeded", "failed", "cancelled"] = "cancelled"
@@ -250,8 +261,18 @@ def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
         status = "succeeded"
     else:
         status = "failed"
+    counts = count_levels([])
+    for e in ordered:
+        for level, n in e.findings.items():
+            counts[level] = counts.get(level, 0) + n
+    findings_file = None
+    if final:  # merged once at the end: re-reading every run per finished entry is O(n^2)
+        findings = merge(Path(e.run_dir) for e in ordered if e.run_dir is not None)
+        findings_file = str(write_sarif(batch_dir / "findings.sarif", findings))
+        counts = findings.counts()
     summary = BatchSummary(batch_id=batch_id, status=status, entries=ordered,
-                           report=str(batch_dir / "report.html"))
+                           report=str(batch_dir / "report.html"),
+                           findings=counts, findings_file=findings_file)
     replace_atomically(batch_dir / "summary.json",
                        (summary.model_dump_json(indent=2) + "\n").encode())
     return summary

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -114,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "`run --agent PROFILE` would use it")
     _common(p, plans=True)
     p.set_defaults(handler=cmd_doctor)
+
+    p = sub.add_parser("findings", help="merge the SARIF findings of a run or batch")
+    p.add_argument("target", metavar="RUN|BATCH_ID",
+                   help="run or batch directory, or a run or batch id under --artifacts")
+    p.add_argument("--format", choices=["sarif", "json", "table"], default=None,
+                   help="sarif: one SARIF 2.1.0 log; json: flat findings with counts; "
+                   "table (default)")
+    p.add_argument("-o", "--output", type=Path, metavar="FILE",
+                   help="write to FILE instead of stdout")
+    _common(p, plans=False)
+    p.set_defaults(handler=cmd_findings)
 
     p = sub.add_parser("schema", help="print the topology JSON Schema")
     _common(p, plans=False)
@@ -428,6 +440,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
         for e in summary.entries:
             if e.error:
                 sys.stdout.write(f"{e.source}: {e.error}\n")
+        sys.stdout.write(f"findings: {_counts_text(summary.findings)} in "
+                         f"{batch_dir / 'findings.sarif'}\n")
         sys.stdout.write(f"summary: {batch_dir / 'summary.json'}\nreport: {report}\n")
     return _exit_for(summary.status)
 
@@ -454,6 +468,40 @@ def cmd_show(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(_describe(state, run_dir, verbose=True))
     return EXIT_OK if state.status == "succeeded" else EXIT_FAILED
+
+
+def cmd_findings(args: argparse.Namespace) -> int:
+    from .findings import collect, json_bytes, sarif_bytes, table_text
+
+    found = collect(args.target, args.artifacts)
+    fmt = args.format or ("json" if args.json else "table")
+    if fmt == "sarif":
+        data = sarif_bytes(found)
+    elif fmt == "json":
+        data = json_bytes(found)
+    else:
+        wide = sys.stdout.isatty() and args.output is None
+        data = table_text(found, shutil.get_terminal_size().columns if wide else 160).encode()
+    counts = found.counts()
+    if args.output is not None:
+        from .files import replace_atomically
+
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        replace_atomically(args.output, data)
+        _emit(args, {"output": str(args.output), "format": fmt, "counts": counts,
+                     "problems": found.problems},
+              f"{len(found.findings)} findings ({_counts_text(counts)}) written to "
+              f"{args.output}")
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.flush()
+    for problem in found.problems:
+        sys.stderr.write(f"problem: {problem}\n")
+    return EXIT_FAILED if found.problems else EXIT_OK
+
+
+def _counts_text(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {level}" for level, n in counts.items() if n) or "none"
 
 
 def _read_text(path: Path) -> str:
@@ -527,9 +575,16 @@ def _report_run(args: argparse.Namespace, result: Any) -> int:
                    "reason": ns.reason, "failed_ancestor": ns.failed_ancestor,
                    "summary": ns.last_failure.summary if ns.last_failure else None}
              for nid, ns in state.nodes.items()}
+    from .findings import run_findings
+
+    counts = run_findings(result.run_dir).counts()
     obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),
-           "status": result.status.value, "nodes": nodes, "report": str(report)}
-    _emit(args, obj, _describe(state, result.run_dir, verbose=False) + f"report: {report}\n")
+           "status": result.status.value, "nodes": nodes, "report": str(report),
+           "findings": counts}
+    found = (f"findings: {_counts_text(counts)} (runtime findings {result.run_id})\n"
+             if any(counts.values()) else "")
+    _emit(args, obj, _describe(state, result.run_dir, verbose=False) + found
+          + f"report: {report}\n")
     return _exit_for(result.status)
 
 

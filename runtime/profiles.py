@@ -150,10 +150,12 @@ class SimulatedMistake(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["wrong_name", "exit_nonzero", "invalid_json", "report_error", "hang"] = Field(
+    kind: Literal["wrong_name", "exit_nonzero", "invalid_json", "invalid_sarif",
+                  "report_error", "hang"] = Field(
         description="wrong_name: write the first artifact under a wrong name; exit_nonzero: "
-        "exit 1; invalid_json: write broken JSON; report_error: exit 0 but report an "
-        "error; hang: sleep past the timeout."
+        "exit 1; invalid_json: write broken JSON; invalid_sarif: write SARIF that parses "
+        "but breaks the SARIF 2.1.0 schema; report_error: exit 0 but report an error; "
+        "hang: sleep past the timeout."
     )
     attempts: list[int] | None = Field(
         default=None, description="Attempts on which to make it; default every attempt."

@@ -74,7 +74,7 @@ class LiveProgress(Progress):
 def summary_table(summary: BatchSummary) -> Table:
     table = Table(title=f"batch {summary.batch_id}: {summary.status}")
     for col in ("topology", "status", "succeeded", "failed", "skipped", "attempts",
-                "succeeded after feedback", "first failure"):
+                "succeeded after feedback", "findings", "first failure"):
         table.add_column(col)
     style = {"succeeded": "green", "failed": "red", "invalid": "red", "cancelled": "yellow"}
     for e in summary.entries:
@@ -82,7 +82,9 @@ def summary_table(summary: BatchSummary) -> Table:
               for s in ("succeeded", "failed", "skipped")]
         table.add_row(e.topology or e.source, f"[{style[e.status]}]{e.status}",
                       *map(str, by), str(sum(n.attempts for n in e.nodes.values())),
-                      ", ".join(e.retries_after_feedback) or "-", _first_failure(e))
+                      ", ".join(e.retries_after_feedback) or "-",
+                      ", ".join(f"{n} {lv}" for lv, n in e.findings.items() if n) or "-",
+                      _first_failure(e))
     return table
 
 

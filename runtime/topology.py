@@ -15,7 +15,14 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import Problem, TopologyError
 from .failures import DEFAULT_RETRY_ON, FailureClass
@@ -56,8 +63,9 @@ class ArtifactSpec(_Frozen):
     """A file the node must leave in its workspace: its acceptance contract."""
 
     path: RelPath = Field(description="Workspace-relative path.")
-    kind: Literal["file", "json"] = Field(
-        default="file", description="json: must parse as JSON (and match `schema` if given)."
+    kind: Literal["file", "json", "sarif"] = Field(
+        default="file", description="json: must parse as JSON (and match `schema` if given); "
+        "sarif: a SARIF 2.1.0 log, checked against the official OASIS schema."
     )
     required: bool = Field(default=True, description="A missing optional artifact is no failure.")
     max_bytes: int = Field(default=10 * 1024 * 1024, gt=0, le=1 << 32)
@@ -69,6 +77,15 @@ class ArtifactSpec(_Frozen):
     @classmethod
     def _path(cls, value: str) -> str:
         return check_relative_path(value)
+
+    @model_validator(mode="after")
+    def _sarif_has_its_own_schema(self) -> ArtifactSpec:
+        # A second schema on a SARIF log would be a silent, partial override of the
+        # official one: refuse it rather than guess which wins.
+        if self.kind == "sarif" and self.json_schema is not None:
+            raise ValueError("kind sarif is checked against the SARIF 2.1.0 schema; "
+                             "remove `schema` (or use kind json)")
+        return self
 
     @field_validator("json_schema")
     @classmethod

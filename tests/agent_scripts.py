@@ -62,3 +62,19 @@ def record_inputs(inv: Invocation) -> int:
     (inv.workspace / "seen.txt").write_text("\n".join(found))
     (inv.workspace / "ts.txt").write_text(f"{time.monotonic()}")
     return 0
+
+
+HOSTILE_MARKUP = '<script>alert(1)</script><img src="http://evil.example/x.png">'
+
+
+def markup_finding(inv: Invocation) -> int:
+    """A valid SARIF log whose finding message is markup: reports must keep it text."""
+    log = {"version": "2.1.0", "runs": [{
+        "tool": {"driver": {"name": "hostile", "rules": [{"id": "X1"}]}},
+        "results": [{"ruleId": "X1", "level": "error", "message": {"text": HOSTILE_MARKUP},
+                     "locations": [{"physicalLocation": {
+                         "artifactLocation": {"uri": "src/app.py"},
+                         "region": {"startLine": 3}}}]}]}]}
+    for spec in inv.artifacts:
+        (inv.workspace / spec.path).write_text(json.dumps(log))
+    return 0

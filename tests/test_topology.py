@@ -49,7 +49,10 @@ CASES: list[tuple[str, Mutation, str, str]] = [
     ("backslash artifact", lambda t: _node(t, 0).update(artifacts=[{"path": "a\\b"}]),
      "nodes[0].artifacts[0].path", "use '/' separators"),
     ("bad artifact kind", lambda t: _node(t, 0).update(artifacts=[{"path": "x", "kind": "exe"}]),
-     "nodes[0].artifacts[0].kind", "'file' or 'json'"),
+     "nodes[0].artifacts[0].kind", "'file', 'json' or 'sarif'"),
+    ("schema on a sarif artifact", lambda t: _node(t, 0).update(
+        artifacts=[{"path": "x.sarif", "kind": "sarif", "schema": {"type": "object"}}]),
+     "nodes[0].artifacts[0]", "kind sarif is checked against the SARIF 2.1.0 schema"),
     ("bad json schema", lambda t: _node(t, 0).update(
         artifacts=[{"path": "x", "kind": "json", "schema": {"type": "nonsense"}}]),
      "nodes[0].artifacts[0].schema", "not a valid JSON Schema"),

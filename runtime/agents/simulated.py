@@ -3,8 +3,10 @@
 It writes every artifact the node declares (JSON that satisfies the declared schema,
 Markdown otherwise), with content derived from the prompt it received. A profile can
 script a mistake per node (``mistakes``): write the first artifact under a wrong name,
-exit non-zero, write invalid JSON, report an error with exit 0, or hang past the
-timeout. With ``unless_feedback`` the mistake is not made when the prompt's retry
+exit non-zero, write invalid JSON, write SARIF the SARIF 2.1.0 schema refuses, report an
+error with exit 0, or hang past the timeout. A ``sarif`` artifact gets a small valid
+SARIF 2.1.0 log with one finding, so a demo shows findings end to end. With
+``unless_feedback`` the mistake is not made when the prompt's retry
 preamble names it: the model of an agent that reads why its last attempt failed, and
 repeats its mistake when nobody tells it.
 """
@@ -43,6 +45,46 @@ def example_for(schema: dict[str, Any] | None) -> Any:
             "null": None}.get(kind, "simulated")
 
 
+SIMULATED_LEVELS = ("warning", "error", "note")
+SARIF_SCHEMA_URI = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
+                    "sarif-schema-2.1.0.json")
+
+
+def sarif_example(node: str, *, bad: bool = False) -> dict[str, Any]:
+    """One deterministic finding for ``node`` as a SARIF 2.1.0 log.
+
+    ``bad`` makes the mistake language models make most with SARIF: a ``severity`` the
+    format does not have, and a level outside its four. It parses; the schema refuses it.
+    """
+    # The level depends on the node only, so a batch shows more than one level and two
+    # runs of the same plan produce the same findings.
+    level = SIMULATED_LEVELS[int(blake3_hex(node.encode())[:8], 16) % len(SIMULATED_LEVELS)]
+    rule = f"SIM-{node.upper()}"
+    result: dict[str, Any] = {
+        "ruleId": rule,
+        "level": level,
+        "message": {"text": f"Simulated finding from node {node}: demonstration output, "
+                            "not a real vulnerability."},
+        "locations": [{"physicalLocation": {
+            "artifactLocation": {"uri": f"src/{node}.py"},
+            "region": {"startLine": 1 + len(node), "startColumn": 1}}}],
+    }
+    if bad:
+        result["level"] = "critical"
+        result["severity"] = "high"
+    return {
+        "$schema": SARIF_SCHEMA_URI,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {
+                "name": "simulated-agent", "version": "1",
+                "rules": [{"id": rule, "name": f"Simulated{node.title().replace('-', '')}",
+                           "shortDescription": {"text": f"Simulated check of {node}"}}]}},
+            "results": [result],
+        }],
+    }
+
+
 class SimulatedAgent:
     def __init__(self, profile: SimulatedProfile) -> None:
         self.profile = profile
@@ -73,6 +115,7 @@ class SimulatedAgent:
             "wrong_name": f"{first}: required artifact missing",
             "exit_nonzero": "agent_exit",
             "invalid_json": "invalid JSON",
+            "invalid_sarif": "not valid SARIF 2.1.0",
             "report_error": "contradictory_completion",
             "hang": "agent_timeout",
         }[mistake.kind]
@@ -93,7 +136,8 @@ class SimulatedAgent:
             name = spec.path
             if kind == "wrong_name" and i == 0:
                 name = str(Path(spec.path).with_name("draft-" + Path(spec.path).name))
-            self._write(inv, spec, name, digest, broken=(kind == "invalid_json"))
+            self._write(inv, spec, name, digest, broken=(kind == "invalid_json"),
+                        bad_sarif=(kind == "invalid_sarif"))
         inv.stdout.write(f"simulated agent: {inv.node} attempt {inv.attempt} wrote "
                          f"{len(inv.artifacts)} artifact(s)\n")
         if kind == "report_error":
@@ -103,10 +147,13 @@ class SimulatedAgent:
 
     @staticmethod
     def _write(inv: Invocation, spec: ArtifactSpec, name: str, digest: str, *,
-               broken: bool) -> None:
+               broken: bool, bad_sarif: bool = False) -> None:
         path = inv.workspace / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        if spec.kind == "json":
+        if spec.kind == "sarif":
+            text = json.dumps(sarif_example(inv.node, bad=bad_sarif), indent=2)
+            path.write_text(text[: len(text) // 2] if broken else text + "\n")
+        elif spec.kind == "json":
             text = json.dumps(example_for(spec.json_schema), indent=2)
             path.write_text(text[: len(text) // 2] if broken else text + "\n")
         else:
