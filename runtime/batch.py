@@ -19,11 +19,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import DagRuntimeError, UsageError
+from .errors import DagRuntimeError, RecordError, UsageError
 from .failures import NodeStatus, RunStatus
 from .files import replace_atomically
 from .findings import count_levels, merge, run_findings, write_sarif
 from .ledger import Event, RunState
+from .lock import hold
 from .overrides import parse_sets, split_set
 from .plan import CompiledPlan, plan_topology, write_plan
 from .policy import NodeOverrides
@@ -128,13 +129,23 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
     batch_dir = options.artifacts / "batches" / batch_id
     progress = progress or Progress()
     cancel = cancel or threading.Event()
-    entries: dict[str, BatchEntry] = {}
-    lock = threading.Lock()
     # Plan everything first: a bad topology is reported, and a --set naming a node that
     # no topology has is refused, before anything runs.
     planned = {str(path): _plan(path, options) for path in topologies}
     overrides = _overrides(options.sets, planned)
     decisions = _preflight(planned, options) if options.preflight else {}
+    with hold(batch_dir, f"batch {batch_id}"):
+        return _run_locked(topologies, planned, overrides, decisions, batch_id, batch_dir,
+                           options, progress, cancel, on_entry)
+
+
+def _run_locked(topologies: list[Path], planned: dict[str, CompiledPlan | BatchEntry],
+                overrides: dict[str, dict[str, NodeOverrides]],
+                decisions: dict[str, Decision], batch_id: str, batch_dir: Path,
+                options: BatchOptions, progress: Progress, cancel: threading.Event,
+                on_entry: Callable[[BatchEntry], BatchEntry] | None) -> BatchSummary:
+    entries: dict[str, BatchEntry] = {}
+    lock = threading.Lock()
     batch_dir.mkdir(parents=True, exist_ok=True)
 
     def one(path: Path) -> BatchEntry:
@@ -247,8 +258,12 @@ def entry_of(path: Path, result: RunResult) -> BatchEntry:
 def _succeeded_after_feedback(run_dir: Path, nid: str, ns: Any) -> bool:
     if ns.status is not NodeStatus.SUCCEEDED or not ns.attempts:
         return False
-    ctx = read_attempt_context(run_dir / "nodes" / nid / "attempts" / str(ns.attempts[-1].attempt))
-    return ctx is not None and ctx.preamble_digest is not None
+    try:
+        ctx = read_attempt_context(run_dir / "nodes" / nid / "attempts"
+                                   / str(ns.attempts[-1].attempt))
+    except RecordError:  # removed or replaced after the run: no claim either way
+        return False
+    return ctx.preamble_digest is not None
 
 
 def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],

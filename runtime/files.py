@@ -99,3 +99,12 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
     if size > max_bytes:
         raise ValueError(f"file grew past {max_bytes} bytes while being read")
     return b"".join(chunks)
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -10,6 +10,7 @@ one fsync (group commit). A torn last line, as a crash leaves it, is ignored on 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -20,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from .errors import LedgerError
+from .errors import FatalRunError, LedgerError
 from .failures import FailureClass, NodeStatus, RunStatus
 from .files import replace_atomically
 
@@ -150,8 +151,8 @@ class Ledger:
         """
         with self._lock:
             stamped = event.model_copy(update={"seq": self._next_seq, "ts": self._clock()})
+            self._write_line(stamped.model_dump_json().encode() + b"\n")
             self._next_seq += 1
-            os.write(self._fd, stamped.model_dump_json().encode() + b"\n")
             self.events.append(stamped)
             self._written += 1
             mine = self._written
@@ -160,9 +161,27 @@ class Ledger:
         with self._sync_lock:
             if self._synced < mine:  # another appender's fsync may already cover us
                 target = self._written
-                os.fsync(self._fd)
+                try:
+                    os.fsync(self._fd)
+                except OSError as exc:
+                    raise FatalRunError(self.path, f"cannot make the ledger durable: "
+                                        f"{exc.strerror or exc}") from None
                 self._synced = target
         return self._notify(stamped)
+
+    def _write_line(self, line: bytes) -> None:
+        """Write one whole line or nothing: a short write (disk full mid-line) is
+        completed or cut back, so the next append never lands after half a line."""
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        done = 0
+        try:
+            while done < len(line):
+                done += os.write(self._fd, line[done:])
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # else cut when the ledger is next opened
+                os.truncate(self.path, start)
+            raise FatalRunError(self.path, f"cannot append to the ledger: "
+                                f"{exc.strerror or exc}") from None
 
     def _notify(self, stamped: Event) -> Event:
         if self._after_append is not None:
@@ -196,7 +215,7 @@ def parse_events(raw: bytes, path: Path) -> list[Event]:
             continue
         try:
             data = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep
             if number == len(lines) and torn_ok:
                 break  # torn by a crash mid-write
             raise LedgerError(path, f"line {number}: not JSON; the ledger is corrupt") from None
@@ -205,12 +224,16 @@ def parse_events(raw: bytes, path: Path) -> list[Event]:
             raise LedgerError(path, f"line {number}: schema_version {version} is newer than "
                               f"this runtime reads ({LEDGER_SCHEMA_VERSION}); upgrade")
         try:
-            events.append(EVENT_ADAPTER.validate_python(data))
+            event = EVENT_ADAPTER.validate_python(data)
         except ValidationError as exc:
             if number == len(lines) and torn_ok:
                 break
             raise LedgerError(path, f"line {number}: not a ledger event: "
                               f"{exc.errors()[0]['msg']}") from None
+        if event.seq <= (events[-1].seq if events else 0):
+            raise LedgerError(path, f"line {number}: seq {event.seq} does not follow "
+                              f"{events[-1].seq if events else 0}; the ledger was edited")
+        events.append(event)
     return events
 
 
@@ -301,8 +324,16 @@ class Folder:
         self.head: RunStarted | None = None
         self.status, self.last_seq, self.used = RunStatus.RUNNING, 0, 0
         self.settings: dict[str, Any] = {}
+        self.finished = False
 
     def apply(self, ev: Event) -> None:
+        """Fold one event, refusing one that no runtime could have written in this order:
+        an agent that can write the ledger must not be able to forge an outcome (a
+        ``node.succeeded`` with no succeeded attempt, an attempt after success)."""
+        problem = self._invalid(ev)
+        if problem:
+            raise LedgerError("ledger.jsonl", f"seq {ev.seq} ({ev.event}): {problem}; the "
+                              "ledger was edited or forged and cannot be trusted")
         self.last_seq = ev.seq
         nodes = self.nodes
         match ev:
@@ -310,6 +341,7 @@ class Folder:
                 self.head = self.head or ev
                 self.settings = ev.settings
                 self.status = RunStatus.RUNNING
+                self.finished = False
             case AttemptStarted():
                 self.used += 1
                 nodes[ev.node]["status"] = NodeStatus.RUNNING
@@ -336,6 +368,38 @@ class Folder:
                                       reason=ev.reason or None)
             case RunFinished():
                 self.status = ev.status
+                self.finished = True
+
+    def _invalid(self, ev: Event) -> str:
+        """Why ``ev`` cannot follow the events folded so far, or ""."""
+        if self.head is None and not isinstance(ev, RunStarted):
+            return "before run.started"
+        if self.finished and not isinstance(ev, RunStarted):
+            return "after run.finished (only a resumed run.started may follow)"
+        node = getattr(ev, "node", None)
+        if node is None:
+            if isinstance(ev, RunFinished) and ev.status is RunStatus.SUCCEEDED and any(
+                    d["status"] is not NodeStatus.SUCCEEDED for d in self.nodes.values()):
+                return "run succeeded while some nodes did not"
+            return ""
+        if node not in self.nodes:
+            return f"node {node!r} is not in the plan"
+        status = self.nodes[node]["status"]
+        attempts = {r["attempt"]: r for r in self.nodes[node]["attempts"]}
+        terminal = status in (NodeStatus.SUCCEEDED, NodeStatus.FAILED, NodeStatus.SKIPPED)
+        if terminal and not isinstance(ev, AttemptFinished):
+            return f"node {node} is already {status.value}"
+        match ev:
+            case AttemptStarted() if ev.attempt in attempts:
+                return f"attempt {ev.attempt} of {node} was already started"
+            case AttemptFinished() if ev.attempt not in attempts:
+                return f"attempt {ev.attempt} of {node} was never started"
+            case AttemptFinished() if attempts[ev.attempt].get("outcome") is not None:
+                return f"attempt {ev.attempt} of {node} already finished"
+            case NodeSucceeded() if not any(r.get("outcome") == "succeeded"
+                                            for r in attempts.values()):
+                return f"node {node} has no succeeded attempt"
+        return ""
 
     def state(self) -> RunState:
         if self.head is None:

@@ -30,11 +30,12 @@ import jinja2
 from .assemble import SECTION_SEPARATOR
 from .batch import BatchEntry, BatchSummary
 from .diagram import Diagram, layout
+from .errors import RecordError
 from .files import replace_atomically, within
 from .findings import Finding, count_levels, dag_order, merge, run_findings
 from .ledger import AttemptStarted, NodeState, RunFinished, RunStarted, RunState, read_events
 from .plan import Manifest
-from .records import read_attempt_context
+from .records import AttemptContext, read_attempt_context
 from .run import load_run
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -184,7 +185,10 @@ def _attempt_views(run_dir: Path, nid: str, ns: NodeState,
         adir = run_dir / "nodes" / nid / "attempts" / str(rec.attempt)
         prompt = _read(adir / "prompt.md")
         first_prompt = prompt if first_prompt is None else first_prompt
-        ctx = read_attempt_context(adir)
+        try:
+            ctx: AttemptContext | None = read_attempt_context(adir)
+        except RecordError:  # the report still shows what the ledger says
+            ctx = None
         outcome = rec.outcome or "unfinished"
         view = AttemptView(
             number=rec.attempt, profile=rec.profile, outcome=str(outcome),

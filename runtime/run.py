@@ -24,12 +24,13 @@ from .context import AttemptBudget, RunContext
 from .digest import blake3_hex
 from .errors import LedgerError, PlanIntegrityError, UsageError
 from .failures import FailureClass, RunStatus
-from .files import READ_ONLY, write_read_only
+from .files import READ_ONLY, fsync_dir, write_read_only
 from .ledger import AttemptFinished, Event, Ledger, RunStarted, RunState, fold, read_events
+from .lock import hold
 from .plan import MANIFEST_NAME, PROMPTS_DIR, Manifest, read_manifest
 from .records import RunSettings
 from .redact import Redactor
-from .rundir import RunLayout, check_run_id
+from .rundir import RunLayout, check_run_id, remove_tree
 from .scheduler import Scheduler
 from .verify import verify_plan_dir
 
@@ -92,20 +93,29 @@ def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
     check_settings(manifest, settings)
     run_id = check_run_id(run_id) if run_id else default_run_id(manifest.topology.name)
     layout = RunLayout(artifacts / "runs" / run_id)
-    if layout.root.exists():
-        raise UsageError(f"run {run_id} already exists at {layout.root}; continue it with "
-                         f"`runtime resume {layout.root}` or choose another --run-id")
-    _lay_out(layout, plan_dir, manifest, raw)
     hooks = hooks or Hooks()
-    ledger = Ledger(layout.ledger, after_append=hooks.after_append, clock=hooks.clock)
-    ledger.append(RunStarted(run_id=run_id, plan_digest=blake3_hex(raw),
-                             topology=manifest.topology.name,
-                             settings=settings.model_dump(mode="json")))
-    return _drive(layout, manifest, settings, ledger, redactor, hooks)
+    with hold(layout.root, f"run {run_id}"):
+        if layout.root.exists():
+            raise UsageError(f"run {run_id} already exists at {layout.root}; continue it with "
+                             f"`runtime resume {layout.root}` or choose another --run-id")
+        head = RunStarted(run_id=run_id, plan_digest=blake3_hex(raw),
+                          topology=manifest.topology.name,
+                          settings=settings.model_dump(mode="json"), seq=1, ts=hooks.clock())
+        _lay_out(layout, plan_dir, manifest, raw, head)
+        ledger = Ledger(layout.ledger, after_append=hooks.after_append, clock=hooks.clock)
+        if hooks.after_append is not None:  # run.started was written by _lay_out
+            hooks.after_append(ledger.events[0])
+        return _drive(layout, manifest, settings, ledger, redactor, hooks)
 
 
-def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes) -> None:
-    tmp = layout.root.with_name(f".{layout.root.name}.tmp-{os.getpid()}")
+def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes,
+            head: RunStarted) -> None:
+    """Stage the run directory, its ledger already holding ``run.started``, and rename it
+    into place: a crash at any point leaves either a whole run that ``resume`` continues
+    or no run at all (a stale staging directory is removed by the next start)."""
+    tmp = layout.root.with_name(f".{layout.root.name}.tmp")
+    if tmp.exists():  # a start that crashed; we hold the run's lock, so it is dead
+        remove_tree(tmp)
     tmp.mkdir(parents=True)
     staged = RunLayout(tmp)
     write_read_only(staged.plan_json, raw)
@@ -118,7 +128,15 @@ def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes) 
         dst = staged.prompt_rendered(nid)
         shutil.copyfile(plan_dir / PROMPTS_DIR / f"{node.prompt_digest}.md", dst)
         os.chmod(dst, READ_ONLY)
+    fd = os.open(staged.ledger, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, head.model_dump_json().encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    fsync_dir(tmp)
     os.rename(tmp, layout.root)  # the run appears whole or not at all
+    fsync_dir(layout.root.parent)
 
 
 def resolve_run_dir(run: str, artifacts: Path) -> Path:
@@ -150,6 +168,12 @@ def resume_run(run_dir: Path, *, redactor: Redactor | None = None,
                hooks: Hooks | None = None, deadline_at: float | None = None) -> RunResult:
     """Continue a run. ``deadline_at`` replaces the run's deadline from here on (the new
     value is recorded in the resumed ``run.started``)."""
+    with hold(run_dir, f"run {run_dir.name}"):
+        return _resume_locked(run_dir, redactor, hooks, deadline_at)
+
+
+def _resume_locked(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None,
+                   deadline_at: float | None) -> RunResult:
     manifest, state = load_run(run_dir)
     layout = RunLayout(run_dir)
     # A crashed runtime's agents may still be running (unsandboxed ones survive it):

@@ -127,3 +127,82 @@ def test_incremental_fold_equals_full_fold(tmp_path: Path, cut: int) -> None:
     for ev in events[cut:]:
         folder.apply(ev)
     assert folder.state() == fold(events, ["a", "b", "c", "d"])
+
+
+# -- issue 9: a ledger an agent edited is refused, a short write leaves no half line ----
+
+def _node_events() -> list[Event]:
+    return [EVENTS[0],
+            AttemptStarted(node="a", attempt=1, profile="sim", trigger="initial",
+                           prompt_digest="p" * 64),
+            AttemptFinished(node="a", attempt=1, outcome=FailureClass.AGENT_EXIT)]
+
+
+@pytest.mark.parametrize(("forged", "message"), [
+    ([NodeSucceeded(node="a", attempts=1)], "node a has no succeeded attempt"),
+    ([RunFinished(status=RunStatus.SUCCEEDED, counts={})],
+     "run succeeded while some nodes did not"),
+    ([AttemptStarted(node="zz", attempt=1, profile="s", trigger="initial", prompt_digest="p")],
+     "node 'zz' is not in the plan"),
+    ([AttemptStarted(node="a", attempt=1, profile="s", trigger="retry", prompt_digest="p")],
+     "attempt 1 of a was already started"),
+    ([AttemptFinished(node="a", attempt=7, outcome="succeeded")],
+     "attempt 7 of a was never started"),
+    ([AttemptStarted(node="a", attempt=2, profile="s", trigger="retry", prompt_digest="p"),
+      AttemptFinished(node="a", attempt=2, outcome="succeeded"),
+      NodeSucceeded(node="a", attempts=2),
+      AttemptStarted(node="a", attempt=3, profile="s", trigger="retry", prompt_digest="p")],
+     "node a is already succeeded"),
+    ([RunFinished(status=RunStatus.FAILED, counts={}),
+      NodeFailed(node="a", failure=FailureClass.AGENT_EXIT, reason="x")],
+     "after run.finished"),
+], ids=["succeeded-without-attempt", "run-succeeded", "unknown-node", "restarted-attempt",
+        "unstarted-attempt", "attempt-after-success", "after-run-finished"])
+def test_a_forged_event_is_refused(tmp_path: Path, forged: list[Event], message: str) -> None:
+    path = _write(tmp_path, _node_events() + forged)
+    with pytest.raises(LedgerError, match=message):
+        fold(read_events(path), ["a"])
+
+
+@pytest.mark.parametrize(("line", "message"), [
+    (b'{"schema_version":1,"seq":2,"event":"run.finished","status":"\xff"}', "not JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+    (b'{"schema_version":1,"seq":1,"event":"run.finished","status":"failed","counts":{}}',
+     "seq 1 does not follow 1"),
+])
+def test_a_hostile_middle_line_is_a_clear_error(tmp_path: Path, line: bytes,
+                                                message: str) -> None:
+    path = _write(tmp_path, EVENTS[:2])
+    lines = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join([lines[0], line, lines[1], b""]))
+    with pytest.raises(LedgerError, match=message):
+        read_events(path)
+
+
+def test_a_short_write_is_cut_back_and_stops_the_run(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    from runtime.errors import FatalRunError
+
+    path = _write(tmp_path, EVENTS[:2])
+    before = path.read_bytes()
+    ledger = Ledger(path)
+    real_write = os.write
+    calls = []
+
+    def disk_fills(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, data[: len(data) // 2])  # half a line fits
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_fills)
+    with pytest.raises(FatalRunError, match="cannot append to the ledger: No space left"):
+        ledger.append(EVENTS[2])
+    monkeypatch.undo()
+    assert path.read_bytes() == before  # no half line for the next append to land after
+    ledger.append(EVENTS[2])
+    ledger.close()
+    assert [e.seq for e in read_events(path)] == [1, 2, 3]

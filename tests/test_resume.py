@@ -234,3 +234,72 @@ def test_resume_refuses_a_run_whose_plan_was_edited(tmp_path: Path) -> None:
     manifest.write_bytes(manifest.read_bytes().replace(b'"max_attempts":1', b'"max_attempts":9'))
     with pytest.raises(PlanIntegrityError, match="the run started with"):
         resume_run(run_dir)
+
+
+# -- issue 9: one writer per run; a start that crashes leaves a whole run or none -------
+
+def test_a_run_in_use_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+    from runtime.errors import InUseError
+    from runtime.lock import hold
+
+    run_dir = _crashed_single_node_run(tmp_path)
+    from runtime.cli import main
+
+    with hold(run_dir, "run test-run"):
+        with pytest.raises(InUseError) as info:
+            resume_run(run_dir)
+        assert main(["resume", str(run_dir)]) == 2
+    assert f"run test-run is in use by pid {os.getpid()}" in str(info.value)
+    assert resume_run(run_dir).status is RunStatus.SUCCEEDED  # released with its holder
+
+
+def test_two_resumes_at_once_run_each_node_once(tmp_path: Path) -> None:
+    """The second `runtime resume` of a live run exits 2 naming the first's pid; nothing
+    runs twice (before: two node.succeeded and duplicate seq values)."""
+    run_dir = _crashed_single_node_run(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "runtime", "resume", str(run_dir), "--json"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.returncode, err) for p in procs
+               for _, err in [p.communicate(timeout=60)]]
+    codes = sorted(code for code, _ in results)
+    assert codes in ([0, 0], [0, 2])  # the second either finds the run done or in use
+    if codes == [0, 2]:
+        assert any("is in use by pid" in err for code, err in results if code == 2)
+    events = read_events(run_dir / "ledger.jsonl")
+    assert len([e for e in events if e.event == "node.succeeded"]) == 1
+    seqs = [e.seq for e in events]
+    assert seqs == sorted(set(seqs))
+
+
+def test_a_start_that_crashed_before_the_rename_leaves_no_run(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              ) -> None:
+    """The run directory appears with run.started already in its ledger, or not at all;
+    the staging directory of the crashed start is removed by the next start."""
+    import runtime.run as run_module
+
+    project = Project(tmp_path / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task.\n")
+    topo = make_topology({"a": []})
+    topo["agents"] = python_agents("write_all")
+    topo["defaults"] = {"agent": "write_all"}
+
+    real_rename = os.rename
+
+    def crash(src: str, dst: str) -> None:
+        if Path(dst).name == "test-run":  # the run directory's own rename
+            raise _Crash()
+        real_rename(src, dst)
+
+    monkeypatch.setattr(run_module.os, "rename", crash)
+    with pytest.raises(_Crash):
+        run_topology(project, topo)
+    monkeypatch.undo()
+    runs = project.artifacts / "runs"
+    assert not (runs / "test-run").exists() and (runs / ".test-run.tmp").is_dir()
+    result = run_topology(project, topo)
+    assert result.status is RunStatus.SUCCEEDED and not (runs / ".test-run.tmp").exists()
+    assert read_events(runs / "test-run" / "ledger.jsonl")[0].event == "run.started"
