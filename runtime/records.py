@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .contract import AcceptanceSummary
+from .digest import blake3_hex
 from .errors import RecordError
 from .failures import FailureClass
 from .files import read_capped
@@ -37,6 +38,15 @@ class RunSettings(BaseModel):
     # the ledger and state.json record its digest; the text lives in operator-prompt.md.
     operator_prompt: str | None = Field(default=None, exclude=True)
     operator_prompt_digest: str | None = None
+
+    @model_validator(mode="after")
+    def _digest_of_the_operator_prompt(self) -> RunSettings:
+        if self.operator_prompt is not None:
+            digest = blake3_hex(self.operator_prompt.encode())
+            if self.operator_prompt_digest not in (None, digest):
+                raise ValueError("operator_prompt_digest does not match operator_prompt")
+            object.__setattr__(self, "operator_prompt_digest", digest)
+        return self
 
 
 class PriorFailure(BaseModel):

@@ -24,8 +24,17 @@ from .context import AttemptBudget, RunContext
 from .digest import blake3_hex
 from .errors import LedgerError, PlanIntegrityError, UsageError
 from .failures import FailureClass, RunStatus
-from .files import READ_ONLY, fsync_dir, write_read_only
-from .ledger import AttemptFinished, Event, Ledger, RunStarted, RunState, fold, read_events
+from .files import READ_ONLY, fsync_dir, read_capped, write_read_only
+from .ledger import (
+    AttemptFinished,
+    Event,
+    Ledger,
+    RunStarted,
+    RunState,
+    fold,
+    read_events,
+    write_state,
+)
 from .lock import hold
 from .plan import MANIFEST_NAME, PROMPTS_DIR, Manifest, read_manifest
 from .records import RunSettings
@@ -34,6 +43,7 @@ from .rundir import RunLayout, check_run_id, remove_tree
 from .scheduler import Scheduler
 from .verify import verify_plan_dir
 
+OPERATOR_PROMPT_MAX = 1 << 20  # as --operator-prompt accepts
 LOST_ERROR = "the runtime stopped before this attempt finished (crash, kill or power loss)"
 
 
@@ -101,7 +111,7 @@ def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
         head = RunStarted(run_id=run_id, plan_digest=blake3_hex(raw),
                           topology=manifest.topology.name,
                           settings=settings.model_dump(mode="json"), seq=1, ts=hooks.clock())
-        _lay_out(layout, plan_dir, manifest, raw, head)
+        _lay_out(layout, plan_dir, manifest, raw, head, settings.operator_prompt)
         ledger = Ledger(layout.ledger, after_append=hooks.after_append, clock=hooks.clock)
         if hooks.after_append is not None:  # run.started was written by _lay_out
             hooks.after_append(ledger.events[0])
@@ -109,7 +119,7 @@ def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
 
 
 def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes,
-            head: RunStarted) -> None:
+            head: RunStarted, operator_prompt: str | None) -> None:
     """Stage the run directory, its ledger already holding ``run.started``, and rename it
     into place: a crash at any point leaves either a whole run that ``resume`` continues
     or no run at all (a stale staging directory is removed by the next start)."""
@@ -128,6 +138,8 @@ def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes,
         dst = staged.prompt_rendered(nid)
         shutil.copyfile(plan_dir / PROMPTS_DIR / f"{node.prompt_digest}.md", dst)
         os.chmod(dst, READ_ONLY)
+    if operator_prompt is not None:
+        write_read_only(staged.operator_prompt, operator_prompt.encode())
     fd = os.open(staged.ledger, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
         os.write(fd, head.model_dump_json().encode() + b"\n")
@@ -181,8 +193,10 @@ def _resume_locked(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None
     kill_leftovers([layout.attempt_dir(nid, a.attempt) for nid, ns in state.nodes.items()
                     for a in ns.attempts], state.run_id)
     if state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+        # A kill after run.finished but before the snapshot left state.json stale.
+        write_state(layout.state, state)
         return RunResult(state.run_id, run_dir, state.status, state)
-    settings = RunSettings.model_validate(state.settings)
+    settings = _with_operator_prompt(layout, RunSettings.model_validate(state.settings))
     _require_sandbox(manifest, settings)
     if deadline_at is not None:
         settings = settings.model_copy(update={"deadline_at": deadline_at})
@@ -196,6 +210,25 @@ def _resume_locked(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None
             ledger.append(AttemptFinished(node=nid, attempt=rec.attempt,
                                           outcome=FailureClass.LOST, error=LOST_ERROR))
     return _drive(layout, manifest, settings, ledger, redactor, hooks)
+
+
+def _with_operator_prompt(layout: RunLayout, settings: RunSettings) -> RunSettings:
+    """The recorded settings with the operator prompt read back from the run directory,
+    checked against the digest run.started recorded."""
+    digest = settings.operator_prompt_digest
+    if digest is None:
+        return settings
+    try:
+        text = read_capped(layout.operator_prompt, OPERATOR_PROMPT_MAX).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanIntegrityError(layout.root, [f"{layout.operator_prompt}: cannot be read "
+                                               f"({exc}); the run needs its operator prompt"]
+                                 ) from None
+    if blake3_hex(text.encode()) != digest:
+        raise PlanIntegrityError(layout.root, [f"{layout.operator_prompt} hashes to "
+                                               f"{blake3_hex(text.encode())}, the run "
+                                               f"started with {digest}"])
+    return settings.model_copy(update={"operator_prompt": text})
 
 
 def _drive(layout: RunLayout, manifest: Manifest, settings: RunSettings, ledger: Ledger,

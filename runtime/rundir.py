@@ -40,6 +40,11 @@ class RunLayout:
         return self.root / "ledger.jsonl"
 
     @property
+    def operator_prompt(self) -> Path:
+        """``--operator-prompt`` text of the run (the ledger holds only its digest)."""
+        return self.root / "operator-prompt.md"
+
+    @property
     def state(self) -> Path:
         return self.root / "state.json"
 

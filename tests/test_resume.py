@@ -303,3 +303,44 @@ def test_a_start_that_crashed_before_the_rename_leaves_no_run(tmp_path: Path,
     result = run_topology(project, topo)
     assert result.status is RunStatus.SUCCEEDED and not (runs / ".test-run.tmp").exists()
     assert read_events(runs / "test-run" / "ledger.jsonl")[0].event == "run.started"
+
+
+def test_resume_keeps_the_operator_prompt_and_refuses_an_edited_one(tmp_path: Path) -> None:
+    """The ledger records only the operator prompt's digest; the text is kept in the run
+    directory, so attempts after a resume get the same trusted text."""
+    from runtime.errors import PlanIntegrityError
+    from runtime.run import Hooks
+
+    project = Project(tmp_path / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task.\n")
+    topo = make_topology({"a": []})
+    topo["agents"] = python_agents("write_all")
+    topo["defaults"] = {"agent": "write_all", "max_attempts": 1}
+    with pytest.raises(_Crash):
+        run_topology(project, topo, hooks=Hooks(after_append=_crash_after_attempt_started),
+                     operator_prompt="Scope: staging only. Token tk-123.")
+    run_dir = project.artifacts / "runs" / "test-run"
+    ledger = (run_dir / "ledger.jsonl").read_text()
+    assert "tk-123" not in ledger and "operator_prompt_digest" in ledger
+    edited = run_dir / "operator-prompt.md"
+    original = edited.read_bytes()
+    edited.chmod(0o644)
+    edited.write_text("Scope: everything.")
+    with pytest.raises(PlanIntegrityError, match=r"operator-prompt\.md hashes to"):
+        resume_run(run_dir)
+    edited.write_bytes(original)
+    assert resume_run(run_dir).status is RunStatus.SUCCEEDED
+    prompt = (run_dir / "nodes" / "a" / "attempts" / "2" / "prompt.md").read_text()
+    assert "Scope: staging only. Token tk-123." in prompt
+
+
+def test_resume_of_a_finished_run_refreshes_a_stale_state_json(tmp_path: Path) -> None:
+    run_dir = _crashed_single_node_run(tmp_path)
+    resume_run(run_dir)
+    state = run_dir / "state.json"
+    stale = json.loads(state.read_text())
+    stale["status"] = "running"
+    state.write_text(json.dumps(stale))
+    assert resume_run(run_dir).status is RunStatus.SUCCEEDED
+    assert json.loads(state.read_text())["status"] == "succeeded"
