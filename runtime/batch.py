@@ -291,3 +291,24 @@ def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
     replace_atomically(batch_dir / "summary.json",
                        (summary.model_dump_json(indent=2) + "\n").encode())
     return summary
+
+
+def rewrite_summary(batch_dir: Path) -> BatchSummary:
+    """Re-read every run of a batch (after ``runtime retry``) and write its summary,
+    findings.sarif and report again; entries without a run (invalid) stay as they were."""
+    from .report import render_batch_report
+    from .run import load_run
+
+    old = BatchSummary.model_validate_json((batch_dir / "summary.json").read_bytes())
+    entries: dict[str, BatchEntry] = {}
+    for e in old.entries:
+        if e.run_dir is None:
+            entries[e.source] = e
+            continue
+        _, state = load_run(Path(e.run_dir))
+        result = RunResult(state.run_id, Path(e.run_dir), state.status, state)
+        entries[e.source] = entry_of(Path(e.source), result)
+    summary = _write_summary(batch_dir, old.batch_id, [Path(e.source) for e in old.entries],
+                             entries, threading.Event(), final=True)
+    render_batch_report(summary, batch_dir)
+    return summary

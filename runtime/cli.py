@@ -90,6 +90,20 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p, plans=False)
     p.set_defaults(handler=cmd_resume)
 
+    p = sub.add_parser("retry", help="re-run the failed, cancelled and skipped nodes of a "
+                       "finished run in place, or of every run of a batch that did not succeed")
+    p.add_argument("target", metavar="RUN|BATCH_ID",
+                   help="run directory or run id, or batch id, under --artifacts")
+    p.add_argument("--agent", metavar="PROFILE", help="run the retried nodes on this profile")
+    p.add_argument("--set", action="append", default=[], dest="sets",
+                   metavar="NODE.FIELD=VALUE", help="override retry settings for the retry")
+    p.add_argument("--no-fallback", action="store_true", help="use only the primary profile")
+    p.add_argument("--deadline", type=float, metavar="SECONDS",
+                   help="a wall-clock limit for the retry, from now")
+    _redact_options(p)
+    _common(p, plans=False)
+    p.set_defaults(handler=cmd_retry)
+
     p = sub.add_parser("batch", help="plan and run many topologies, with one summary")
     p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
                    help="topology files, or directories of *.yaml")
@@ -456,6 +470,47 @@ def cmd_resume(args: argparse.Namespace) -> int:
         result = resume_run(run_dir, redactor=redactor, hooks=_hooks(cancel),
                             deadline_at=deadline_at)
     return _report_run(args, result)
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from .run import RetryRequest, resolve_run_dir, retry_run
+
+    deadline_at = _deadline_at(args.deadline)
+    redactor = _redactor(args)
+    request = RetryRequest(agent=args.agent, no_fallback=args.no_fallback,
+                           sets=tuple(args.sets))
+    batch_dir = args.artifacts / "batches" / args.target
+    if (batch_dir / "summary.json").is_file() and not Path(args.target).is_dir():
+        return _retry_batch(args, batch_dir, request, redactor, deadline_at)
+    run_dir = resolve_run_dir(args.target, args.artifacts)
+    with _cancel_on_signals() as cancel:
+        result = retry_run(run_dir, request, redactor=redactor, hooks=_hooks(cancel),
+                           deadline_at=deadline_at)
+    return _report_run(args, result)
+
+
+def _retry_batch(args: argparse.Namespace, batch_dir: Path, request: Any, redactor: Any,
+                 deadline_at: float | None) -> int:
+    """Every run of the batch that did not succeed, one after another, under the batch's
+    lock; the summary, findings.sarif and report are then written again from all runs."""
+    from .batch import BatchSummary, rewrite_summary
+    from .lock import hold
+    from .run import retry_run
+
+    retried = 0
+    with hold(batch_dir, f"batch {batch_dir.name}"), _cancel_on_signals() as cancel:
+        summary = BatchSummary.model_validate_json((batch_dir / "summary.json").read_bytes())
+        for entry in summary.entries:
+            if entry.status == "succeeded" or entry.run_dir is None or cancel.is_set():
+                continue
+            result = retry_run(Path(entry.run_dir), request, redactor=redactor,
+                               hooks=_hooks(cancel), deadline_at=deadline_at)
+            retried += 1
+            sys.stderr.write(f"{result.run_id}: {result.status.value}\n")
+        final = rewrite_summary(batch_dir)
+    _emit(args, final.model_dump(mode="json"),
+          f"batch {final.batch_id}: {final.status} ({retried} runs retried)\n")
+    return EXIT_OK if final.status == "succeeded" else EXIT_FAILED
 
 
 def cmd_show(args: argparse.Namespace) -> int:

@@ -37,7 +37,10 @@ class NodeExecutor:
         self.ctx = ctx
         self.node_id = node_id
         self.policy = policy_for(ctx, node_id)
-        self.history: list[AttemptRecord] = [a for a in prior.attempts if a.outcome is not None]
+        # Attempts of an earlier try (before `runtime retry`) keep their numbers but no
+        # longer count: the node starts with a fresh max_attempts.
+        self.history: list[AttemptRecord] = [a for a in prior.attempts if a.outcome is not None
+                                             and a.attempt >= prior.retry_from]
         self._last_number = max((a.attempt for a in prior.attempts), default=0)
 
     def run(self) -> NodeOutcome:

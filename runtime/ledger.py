@@ -43,6 +43,9 @@ class RunStarted(_Event):
     plan_digest: str
     topology: str
     resumed: bool = False
+    retried: list[str] = Field(
+        default_factory=list, description="`runtime retry`: the failed and skipped nodes "
+        "set back to pending, each with a fresh max_attempts; attempt numbers continue.")
     settings: dict[str, Any] = Field(
         default_factory=dict, description="Run-level overrides: agent, jobs, budget, "
         "deadline, no_fallback, and per-node retry settings from --set.")
@@ -280,6 +283,8 @@ class NodeState(BaseModel):
     reason: str | None = None
     failed_ancestor: str | None = None
     artifacts: dict[str, str] | None = None
+    retry_from: int = Field(default=1, description="The first attempt of the node's "
+                            "current try (`runtime retry` starts a new one).")
 
     @property
     def charged(self) -> int:
@@ -342,6 +347,14 @@ class Folder:
                 self.settings = ev.settings
                 self.status = RunStatus.RUNNING
                 self.finished = False
+                if ev.retried:
+                    self.used = 0  # the run budget applies to each try
+                for nid in ev.retried:
+                    d = nodes[nid]
+                    d.update(status=NodeStatus.PENDING, failure=None, reason=None,
+                             failed_ancestor=None,
+                             retry_from=max((r["attempt"] for r in d["attempts"]),
+                                            default=0) + 1)
             case AttemptStarted():
                 self.used += 1
                 nodes[ev.node]["status"] = NodeStatus.RUNNING
@@ -376,6 +389,11 @@ class Folder:
             return "before run.started"
         if self.finished and not isinstance(ev, RunStarted):
             return "after run.finished (only a resumed run.started may follow)"
+        for nid in ev.retried if isinstance(ev, RunStarted) else ():
+            if nid not in self.nodes:
+                return f"retried node {nid!r} is not in the plan"
+            if self.nodes[nid]["status"] is NodeStatus.SUCCEEDED:
+                return f"retried node {nid} already succeeded"
         node = getattr(ev, "node", None)
         if node is None:
             if isinstance(ev, RunFinished) and ev.status is RunStatus.SUCCEEDED and any(

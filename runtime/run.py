@@ -23,7 +23,7 @@ from .agents.sandbox import require_bubblewrap, sandboxed_profiles
 from .context import AttemptBudget, RunContext
 from .digest import blake3_hex
 from .errors import LedgerError, PlanIntegrityError, UsageError
-from .failures import FailureClass, RunStatus
+from .failures import FailureClass, NodeStatus, RunStatus
 from .files import READ_ONLY, fsync_dir, read_capped, write_read_only
 from .ledger import (
     AttemptFinished,
@@ -181,35 +181,74 @@ def resume_run(run_dir: Path, *, redactor: Redactor | None = None,
     """Continue a run. ``deadline_at`` replaces the run's deadline from here on (the new
     value is recorded in the resumed ``run.started``)."""
     with hold(run_dir, f"run {run_dir.name}"):
-        return _resume_locked(run_dir, redactor, hooks, deadline_at)
+        return _continue(run_dir, redactor, hooks, deadline_at, None)
 
 
-def _resume_locked(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None,
-                   deadline_at: float | None) -> RunResult:
+@dataclass(frozen=True)
+class RetryRequest:
+    """``runtime retry``: what changes for the new try; unset keeps the run's choice."""
+
+    agent: str | None = None
+    no_fallback: bool = False
+    sets: tuple[str, ...] = ()
+
+
+def retry_run(run_dir: Path, request: RetryRequest, *, redactor: Redactor | None = None,
+              hooks: Hooks | None = None, deadline_at: float | None = None) -> RunResult:
+    """Re-run the failed and skipped nodes of a run in place (cancelled ones are pending
+    and run anyway). Succeeded nodes and their artifacts are untouched; attempt numbers
+    continue; each retried node gets a fresh ``max_attempts`` and the run a fresh budget.
+    The retried nodes and the new settings are recorded in the ledger's ``run.started``."""
+    with hold(run_dir, f"run {run_dir.name}"):
+        return _continue(run_dir, redactor, hooks, deadline_at, request)
+
+
+def _continue(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None,
+              deadline_at: float | None, retry: RetryRequest | None) -> RunResult:
     manifest, state = load_run(run_dir)
     layout = RunLayout(run_dir)
     # A crashed runtime's agents may still be running (unsandboxed ones survive it):
     # nothing may write the workspaces once the next attempts start.
     kill_leftovers([layout.attempt_dir(nid, a.attempt) for nid, ns in state.nodes.items()
                     for a in ns.attempts], state.run_id)
-    if state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED):
+    retried = [nid for nid, ns in state.nodes.items()
+               if ns.status in (NodeStatus.FAILED, NodeStatus.SKIPPED)] if retry else []
+    finished = state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED)
+    if finished and not retried:
         # A kill after run.finished but before the snapshot left state.json stale.
         write_state(layout.state, state)
         return RunResult(state.run_id, run_dir, state.status, state)
     settings = _with_operator_prompt(layout, RunSettings.model_validate(state.settings))
-    _require_sandbox(manifest, settings)
-    if deadline_at is not None:
+    if retry is not None:
+        settings = _retry_settings(manifest, settings, retry)
+    check_settings(manifest, settings)
+    if deadline_at is not None or retry is not None:  # a retry starts without the old one
         settings = settings.model_copy(update={"deadline_at": deadline_at})
     hooks = hooks or Hooks()
     ledger = Ledger(layout.ledger, after_append=hooks.after_append, clock=hooks.clock)
     ledger.append(RunStarted(run_id=state.run_id, plan_digest=state.plan_digest,
-                             topology=state.topology, resumed=True,
+                             topology=state.topology, resumed=True, retried=retried,
                              settings=settings.model_dump(mode="json")))
     for nid, node_state in state.nodes.items():
         for rec in node_state.unfinished():
             ledger.append(AttemptFinished(node=nid, attempt=rec.attempt,
                                           outcome=FailureClass.LOST, error=LOST_ERROR))
     return _drive(layout, manifest, settings, ledger, redactor, hooks)
+
+
+def _retry_settings(manifest: Manifest, settings: RunSettings, retry: RetryRequest,
+                    ) -> RunSettings:
+    from .overrides import parse_sets
+
+    overrides = dict(settings.overrides)
+    for nid, new in parse_sets(list(retry.sets), manifest).items():
+        old = overrides.get(nid)
+        merged = old.model_dump() if old is not None else {}
+        overrides[nid] = type(new).model_validate({**merged, **new.model_dump()})
+    return settings.model_copy(update={
+        "agent": retry.agent or settings.agent,
+        "no_fallback": settings.no_fallback or retry.no_fallback,
+        "overrides": overrides, "skip_profiles": {}})
 
 
 def _with_operator_prompt(layout: RunLayout, settings: RunSettings) -> RunSettings:

@@ -1,0 +1,74 @@
+"""`runtime retry`: failed and skipped nodes re-run in place, succeeded ones untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from runtime.batch import BatchSummary, run_batch
+from runtime.cli import main
+from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.ledger import RunStarted, read_events
+from runtime.run import RetryRequest, retry_run
+from tests.conftest import Project, make_topology, python_agents, run_topology
+from tests.test_batch import _options, batch_project  # noqa: F401 - a fixture
+
+
+def _failed_run(project: Project) -> Path:
+    topo = make_topology({"a": [], "b": ["a"], "c": []}, a={"max_attempts": 1})
+    topo["agents"] = python_agents("write_all", "always_exit_2")
+    topo["defaults"] = {"agent": "write_all"}
+    topo["nodes"][0]["agent"] = "always_exit_2"
+    result = run_topology(project, topo)
+    assert result.status is RunStatus.FAILED
+    assert result.state.nodes["b"].status is NodeStatus.SKIPPED
+    return Path(result.run_dir)
+
+
+def test_retry_reruns_failed_and_skipped_nodes_only(project: Project) -> None:
+    run_dir = _failed_run(project)
+    c_artifact = run_dir / "nodes" / "c" / "workspace" / "c.json"
+    c_before = (c_artifact.read_bytes(), c_artifact.stat().st_mtime_ns)
+    result = retry_run(run_dir, RetryRequest(agent="write_all"))
+    assert result.status is RunStatus.SUCCEEDED
+    a = result.state.nodes["a"]
+    assert [(r.attempt, r.profile, r.outcome) for r in a.attempts] == [
+        (1, "always_exit_2", FailureClass.AGENT_EXIT), (2, "write_all", "succeeded")]
+    assert len(result.state.nodes["c"].attempts) == 1  # never re-run
+    assert (c_artifact.read_bytes(), c_artifact.stat().st_mtime_ns) == c_before
+    starts = [e for e in read_events(run_dir / "ledger.jsonl") if isinstance(e, RunStarted)]
+    assert starts[-1].retried == ["a", "b"] and starts[-1].settings["agent"] == "write_all"
+
+
+def test_a_retried_node_gets_a_fresh_max_attempts(project: Project) -> None:
+    run_dir = _failed_run(project)
+    result = retry_run(run_dir, RetryRequest(sets=("a.max_attempts=2",)))
+    a = result.state.nodes["a"]
+    assert [r.attempt for r in a.attempts] == [1, 2, 3]  # numbers continue
+    assert a.status is NodeStatus.FAILED and a.retry_from == 2
+    assert "attempts exhausted (2 of 2" in (a.reason or "")
+
+
+def test_retry_of_a_succeeded_run_changes_nothing(project: Project) -> None:
+    topo = make_topology({"a": []})
+    topo["agents"] = python_agents("write_all")
+    topo["defaults"] = {"agent": "write_all"}
+    run_dir = Path(run_topology(project, topo).run_dir)
+    before = (run_dir / "ledger.jsonl").read_bytes()
+    assert main(["retry", str(run_dir), "--artifacts", str(project.artifacts)]) == 0
+    assert (run_dir / "ledger.jsonl").read_bytes() == before
+
+
+def test_retry_a_batch_reruns_its_failed_runs_and_rewrites_the_summary(
+        batch_project: Project) -> None:  # noqa: F811 - the imported fixture
+    first = run_batch([batch_project.root / "topologies"],
+                      _options(batch_project, batch_id="rb"))
+    good_ledger = batch_project.artifacts / "runs" / "rb-good" / "ledger.jsonl"
+    good_before = good_ledger.read_bytes()
+    assert main(["retry", "rb", "--artifacts", str(batch_project.artifacts),
+                 "--set", "x.max_attempts=2"]) == 1  # the scripted mistake persists
+    assert good_ledger.read_bytes() == good_before
+    after = BatchSummary.model_validate_json(
+        (batch_project.artifacts / "batches" / "rb" / "summary.json").read_bytes())
+    bad = {e.topology: e for e in after.entries}["bad"]
+    assert bad.nodes["x"].attempts == 3  # 1 before, then a fresh try of 2
+    assert [e.source for e in after.entries] == [e.source for e in first.entries]
