@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -388,7 +389,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings.model_copy(update={"deadline_at": _deadline_at(args.deadline)})
     with _cancel_on_signals() as cancel:
         result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
-                           redactor=redactor, hooks=_hooks(cancel),
+                           redactor=redactor, hooks=_hooks(cancel, args),
                            verified=verified)
     return _report_run(args, result)
 
@@ -467,7 +468,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     redactor = _redactor(args)
     run_dir = resolve_run_dir(args.run, args.artifacts)
     with _cancel_on_signals() as cancel:
-        result = resume_run(run_dir, redactor=redactor, hooks=_hooks(cancel),
+        result = resume_run(run_dir, redactor=redactor, hooks=_hooks(cancel, args),
                             deadline_at=deadline_at)
     return _report_run(args, result)
 
@@ -484,7 +485,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
         return _retry_batch(args, batch_dir, request, redactor, deadline_at)
     run_dir = resolve_run_dir(args.target, args.artifacts)
     with _cancel_on_signals() as cancel:
-        result = retry_run(run_dir, request, redactor=redactor, hooks=_hooks(cancel),
+        result = retry_run(run_dir, request, redactor=redactor, hooks=_hooks(cancel, args),
                            deadline_at=deadline_at)
     return _report_run(args, result)
 
@@ -504,7 +505,7 @@ def _retry_batch(args: argparse.Namespace, batch_dir: Path, request: Any, redact
             if entry.status == "succeeded" or entry.run_dir is None or cancel.is_set():
                 continue
             result = retry_run(Path(entry.run_dir), request, redactor=redactor,
-                               hooks=_hooks(cancel), deadline_at=deadline_at)
+                               hooks=_hooks(cancel, args), deadline_at=deadline_at)
             retried += 1
             sys.stderr.write(f"{result.run_id}: {result.status.value}\n")
         final = rewrite_summary(batch_dir)
@@ -614,10 +615,48 @@ def _cancel_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def _hooks(cancel: Any) -> Any:
+def _hooks(cancel: Any, args: argparse.Namespace) -> Any:
+    """The run's hooks: cancellation, and one stderr line per node event as it happens
+    (CI logs show progress; --json keeps stderr quiet for machines)."""
     from .run import Hooks
 
-    return Hooks(cancel=cancel)
+    if getattr(args, "json", False):
+        return Hooks(cancel=cancel)
+    return Hooks(cancel=cancel, after_append=_print_event)
+
+
+def _print_event(ev: Any) -> None:
+    line = event_line(ev)
+    if line:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+
+def event_line(ev: Any) -> str:
+    """One human line for a ledger event that a person watching a run cares about."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(ev.ts)) if ev.ts else "--:--:--"
+    match ev.event:
+        case "attempt.started":
+            wait = f" after waiting {ev.waited_s:g} s" if ev.waited_s else ""
+            text = f"{ev.node}: attempt {ev.attempt} started on {ev.profile}{wait}"
+        case "attempt.finished" if ev.outcome != "succeeded":
+            why = f": {ev.summary}" if ev.summary else ""
+            text = f"{ev.node}: attempt {ev.attempt} {ev.outcome}{why}"
+        case "node.succeeded":
+            text = f"{ev.node}: succeeded ({ev.attempts} attempt{'s' * (ev.attempts != 1)})"
+        case "node.failed":
+            text = f"{ev.node}: failed, {ev.failure}: {ev.reason}"
+        case "node.skipped":
+            why = f"upstream {ev.failed_ancestor} failed" if ev.failed_ancestor else ev.reason
+            text = f"{ev.node}: skipped ({why})"
+        case _:
+            return ""
+    return f"[{stamp}] {_terminal_safe(text)}"
+
+
+def _terminal_safe(text: str) -> str:
+    # Summaries are agent-authored: no escape sequence reaches the user's terminal.
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
 
 
 def _report_run(args: argparse.Namespace, result: Any) -> int:
@@ -640,6 +679,9 @@ def _report_run(args: argparse.Namespace, result: Any) -> int:
              if any(counts.values()) else "")
     _emit(args, obj, _describe(state, result.run_dir, verbose=False) + found
           + f"report: {report}\n")
+    if result.status.value == "cancelled":
+        sys.stderr.write(f"interrupted; the run is resumable: runtime resume {result.run_id} "
+                         f"--artifacts {shlex.quote(str(args.artifacts))}\n")
     return _exit_for(result.status)
 
 

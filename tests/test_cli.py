@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from runtime.cli import main
+from runtime.failures import FailureClass
+from runtime.ledger import AttemptFinished, AttemptStarted, Event, NodeSkipped
 from tests.conftest import REPO, Project, make_topology
 
 
@@ -267,3 +269,21 @@ def test_signal_handlers_are_restored_after_a_run(
     _sim_project(project)
     _run(capsys, *project.cli("run", str(project.topology), "--run-id", "sig"))
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+@pytest.mark.parametrize(("event", "line"), [
+    (AttemptStarted(node="a", attempt=2, profile="claude", trigger="retry",
+                    prompt_digest="p", waited_s=3.0),
+     "a: attempt 2 started on claude after waiting 3 s"),
+    (AttemptFinished(node="a", attempt=1, outcome=FailureClass.AGENT_AUTH,
+                     summary="Not logged in \x1b[31m· Please run /login"),
+     "a: attempt 1 agent_auth: Not logged in ?[31m· Please run /login"),
+    (AttemptFinished(node="a", attempt=1, outcome="succeeded"), ""),
+    (NodeSkipped(node="b", failed_ancestor="a"), "b: skipped (upstream a failed)"),
+    (NodeSkipped(node="b", reason="run deadline passed"), "b: skipped (run deadline passed)"),
+])
+def test_progress_lines_name_the_node_and_keep_escapes_out(event: Event, line: str) -> None:
+    from runtime.cli import event_line
+
+    out = event_line(event)
+    assert out.endswith(line) if line else out == ""

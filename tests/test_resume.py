@@ -190,7 +190,8 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
     proc = subprocess.Popen(
         [sys.executable, "-m", "runtime", *project.cli("run", str(project.topology), "--run-id",
                                                         "int")],
-        cwd=project.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=project.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
     ledger = project.artifacts / "runs" / "int" / "ledger.jsonl"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -198,7 +199,10 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
             break
         time.sleep(0.02)
     proc.send_signal(sig)
-    assert proc.wait(timeout=30) == 130
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert "a: attempt 1 started on slow" in err  # one line per event, as it happens
+    assert "interrupted; the run is resumable: runtime resume int --artifacts" in err
     events = read_events(ledger)
     assert [(e.node, e.outcome) for e in events if isinstance(e, AttemptFinished)] == \
         [("a", FailureClass.CANCELLED)]
