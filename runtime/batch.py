@@ -95,6 +95,12 @@ class BatchOptions:
     batch_id: str | None = None
     redactor: Redactor = field(default_factory=Redactor)
     preflight: bool = True  # check agent profiles first (runtime/preflight.py)
+    # The same run options as `runtime run`, applied to every run of the batch.
+    no_fallback: bool = False
+    max_total_attempts: int | None = None
+    deadline_at: float | None = None
+    operator_prompt: str | None = None
+    variables: dict[str, str] = field(default_factory=dict)
 
 
 class Progress:
@@ -173,7 +179,7 @@ def _run_locked(topologies: list[Path], planned: dict[str, CompiledPlan | BatchE
 
 def _plan(path: Path, options: BatchOptions) -> CompiledPlan | BatchEntry:
     try:
-        return plan_topology(path, options.prompts)
+        return plan_topology(path, options.prompts, options.variables or None)
     except DagRuntimeError as exc:
         return BatchEntry(source=str(path), status="invalid", error=str(exc))
 
@@ -191,7 +197,7 @@ def _overrides(sets: Sequence[str], planned: dict[str, CompiledPlan | BatchEntry
 
 def _preflight(planned: dict[str, CompiledPlan | BatchEntry], options: BatchOptions,
                ) -> dict[str, Decision]:
-    plans = {src: (p.manifest, RunSettings(agent=options.agent))
+    plans = {src: (p.manifest, RunSettings(agent=options.agent, no_fallback=options.no_fallback))
              for src, p in planned.items() if isinstance(p, CompiledPlan)}
     return preflight_batch(plans, redactor=options.redactor)
 
@@ -213,7 +219,10 @@ def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, N
         else:
             plan_dir = write_plan(plan, options.artifacts)
             settings = RunSettings(agent=options.agent, jobs=options.node_jobs,
-                                   overrides=overrides)
+                                   overrides=overrides, no_fallback=options.no_fallback,
+                                   max_total_attempts=options.max_total_attempts,
+                                   deadline_at=options.deadline_at,
+                                   operator_prompt=options.operator_prompt)
             settings = apply(settings, decision) if decision else settings
             result = start_run(plan_dir, options.artifacts, settings, run_id=run_id,
                                redactor=options.redactor, hooks=hooks, verified=True)

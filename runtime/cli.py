@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-id", help="name the batch; the same id again resumes it")
     p.add_argument("--no-progress", action="store_true", help="no live display")
     _override_options(p)
-    _common(p, plans=False)
+    _limit_options(p)
+    _common(p, plans=True)
     p.set_defaults(handler=cmd_batch)
 
     p = sub.add_parser("show", help="per-node status, attempts, failures of a run")
@@ -172,6 +173,13 @@ def _redact_options(p: argparse.ArgumentParser) -> None:
 def _run_options(p: argparse.ArgumentParser) -> None:
     _override_options(p)
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="parallel nodes (default 1)")
+    _limit_options(p)
+
+
+def _limit_options(p: argparse.ArgumentParser) -> None:
+    """Run options `run` and `batch` share (a batch applies them to each run)."""
+    p.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="per-attempt timeout of every node (same as --set '*.timeout_s=V')")
     p.add_argument("--no-fallback", action="store_true",
                    help="never move a node to its fallback profiles")
     p.add_argument("--max-total-attempts", type=int, metavar="N",
@@ -223,6 +231,11 @@ def _check_deadline(seconds: float | None) -> None:
     if seconds is not None and (not math.isfinite(seconds) or seconds <= 0):
         raise UsageError(f"--deadline {seconds:g}: must be a positive, finite number of "
                          "seconds (leave it out for no deadline)")
+
+
+def _timeout_set(seconds: float | None) -> tuple[str, ...]:
+    """``--timeout S`` as the ``--set`` it stands for (validated there, with the others)."""
+    return () if seconds is None else (f"*.timeout_s={seconds!r}",)
 
 
 def _deadline_at(seconds: float | None) -> float | None:
@@ -377,7 +390,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = RunSettings(
         agent=args.agent, jobs=args.jobs, no_fallback=args.no_fallback,
         max_total_attempts=args.max_total_attempts,
-        overrides=parse_sets(args.sets, manifest), operator_prompt=operator_prompt)
+        overrides=parse_sets([*args.sets, *_timeout_set(args.timeout)], manifest),
+        operator_prompt=operator_prompt)
     check_settings(manifest, settings)
     if not args.no_preflight:
         settings = _preflight(manifest, settings, redactor)
@@ -420,17 +434,25 @@ def cmd_batch(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from .batch import BatchOptions, expand, run_batch
-    from .progress import LiveProgress, summary_table
+    from .progress import LineProgress, LiveProgress, summary_table
     from .report import render_batch_report, render_run_report
 
     _check_count("--jobs", args.jobs, 1, MAX_JOBS)
     _check_count("--node-jobs", args.node_jobs, 1, MAX_JOBS)
     _check_output_paths(args)
     topologies = expand(args.paths)
+    _check_count("--max-total-attempts", args.max_total_attempts, 1, None)
+    _check_deadline(args.deadline)
+    operator_prompt = _read_operator_prompt(args.operator_prompt) \
+        if args.operator_prompt else None
     options = BatchOptions(prompts=args.prompts, artifacts=args.artifacts, jobs=args.jobs,
-                           node_jobs=args.node_jobs, agent=args.agent, sets=tuple(args.sets),
+                           node_jobs=args.node_jobs, agent=args.agent,
+                           sets=(*args.sets, *_timeout_set(args.timeout)),
                            batch_id=args.batch_id, redactor=_redactor(args),
-                           preflight=not args.no_preflight)
+                           preflight=not args.no_preflight, no_fallback=args.no_fallback,
+                           max_total_attempts=args.max_total_attempts,
+                           deadline_at=_deadline_at(args.deadline),
+                           operator_prompt=operator_prompt, variables=parse_vars(args.var))
     console = Console(stderr=True)
     live = not args.no_progress and not args.json and console.is_terminal
 
@@ -443,8 +465,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
         if live:
             with LiveProgress(console, len(topologies)) as progress:
                 summary = run_batch(topologies, options, progress, cancel, with_report)
-        else:
-            summary = run_batch(topologies, options, None, cancel, with_report)
+        else:  # CI, a pipe: one line per node event, prefixed with the topology
+            lines = None if args.json else LineProgress(sys.stderr)
+            summary = run_batch(topologies, options, lines, cancel, with_report)
     batch_dir = args.artifacts / "batches" / summary.batch_id
     report = render_batch_report(summary, batch_dir)
     if args.json:
@@ -626,37 +649,12 @@ def _hooks(cancel: Any, args: argparse.Namespace) -> Any:
 
 
 def _print_event(ev: Any) -> None:
+    from .progress import event_line
+
     line = event_line(ev)
     if line:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-
-
-def event_line(ev: Any) -> str:
-    """One human line for a ledger event that a person watching a run cares about."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(ev.ts)) if ev.ts else "--:--:--"
-    match ev.event:
-        case "attempt.started":
-            wait = f" after waiting {ev.waited_s:g} s" if ev.waited_s else ""
-            text = f"{ev.node}: attempt {ev.attempt} started on {ev.profile}{wait}"
-        case "attempt.finished" if ev.outcome != "succeeded":
-            why = f": {ev.summary}" if ev.summary else ""
-            text = f"{ev.node}: attempt {ev.attempt} {ev.outcome}{why}"
-        case "node.succeeded":
-            text = f"{ev.node}: succeeded ({ev.attempts} attempt{'s' * (ev.attempts != 1)})"
-        case "node.failed":
-            text = f"{ev.node}: failed, {ev.failure}: {ev.reason}"
-        case "node.skipped":
-            why = f"upstream {ev.failed_ancestor} failed" if ev.failed_ancestor else ev.reason
-            text = f"{ev.node}: skipped ({why})"
-        case _:
-            return ""
-    return f"[{stamp}] {_terminal_safe(text)}"
-
-
-def _terminal_safe(text: str) -> str:
-    # Summaries are agent-authored: no escape sequence reaches the user's terminal.
-    return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
 
 
 def _report_run(args: argparse.Namespace, result: Any) -> int:

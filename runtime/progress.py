@@ -5,6 +5,8 @@ and retries visible. Only the CLI uses it; the batch itself reports through
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -94,3 +96,56 @@ def _first_failure(entry: BatchEntry) -> str:
         if n.status.value == "failed":
             return escape(f"{nid}: {n.failure}" + (f": {n.summary}" if n.summary else ""))
     return "-"
+
+
+class LineProgress(Progress):
+    """One line per node event, for logs (CI) where a live display cannot work."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.names: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def started(self, source: str, name: str, nodes: int) -> None:
+        self.names[source] = name
+
+    def event(self, source: str, event: Event) -> None:
+        line = event_line(event)
+        if line:
+            with self.lock:
+                self.out.write(f"{self.names.get(source, source)}: {line}\n")
+                self.out.flush()
+
+    def finished(self, entry: BatchEntry) -> None:
+        with self.lock:
+            self.out.write(f"{entry.topology or entry.source}: {entry.status}\n")
+            self.out.flush()
+
+
+def event_line(ev: Any) -> str:
+    """One human line for a ledger event that a person watching a run cares about."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(ev.ts)) if ev.ts else "--:--:--"
+    match ev.event:
+        case "attempt.started":
+            wait = f" after waiting {ev.waited_s:g} s" if ev.waited_s else ""
+            text = f"{ev.node}: attempt {ev.attempt} started on {ev.profile}{wait}"
+        case "attempt.finished" if ev.outcome != "succeeded":
+            why = f": {ev.summary}" if ev.summary else ""
+            text = f"{ev.node}: attempt {ev.attempt} {ev.outcome}{why}"
+        case "node.succeeded":
+            text = f"{ev.node}: succeeded ({ev.attempts} attempt{'s' * (ev.attempts != 1)})"
+        case "node.failed":
+            text = f"{ev.node}: failed, {ev.failure}: {ev.reason}"
+        case "node.skipped":
+            why = f"upstream {ev.failed_ancestor} failed" if ev.failed_ancestor else ev.reason
+            text = f"{ev.node}: skipped ({why})"
+        case _:
+            return ""
+    return f"[{stamp}] {_terminal_safe(text)}"
+
+
+def _terminal_safe(text: str) -> str:
+    # Summaries are agent-authored: no escape sequence reaches the user's terminal.
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
+
+

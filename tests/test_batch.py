@@ -141,3 +141,39 @@ def test_summary_table_names_the_first_failure_in_the_agent_s_words(
     assert f"x: agent_exit: {bad.nodes['x'].summary}" in out.getvalue()
     good = next(e for e in summary.entries if e.topology == "good")
     assert good.nodes["b"].summary == ""  # it failed once, then succeeded: nothing to fix
+
+
+def test_batch_takes_the_run_options_and_logs_events_without_a_terminal(
+        batch_project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 10: batch accepts run's options and applies them to every run; with stderr
+    not a terminal (CI) it prints one line per node event, prefixed with the topology."""
+    topo = batch_project.root / "topologies"
+    (topo / "broken.yaml").unlink()
+    operator = batch_project.root / "operator.md"
+    operator.write_text("Scope: staging.\n")
+    code = main(batch_project.cli(
+        "batch", str(topo), "--batch-id", "b6", "--timeout", "30", "--no-fallback",
+        "--max-total-attempts", "9", "--deadline", "600", "--operator-prompt", str(operator)))
+    err = capsys.readouterr().err
+    assert code == 1  # bad fails, as scripted
+    assert "good: [" in err and "b: attempt 1 artifact_contract" in err
+    assert "bad: [" in err and "x: failed, agent_exit" in err and "\nbad: failed\n" in err
+    ledger = batch_project.artifacts / "runs" / "b6-good" / "ledger.jsonl"
+    settings = json.loads(ledger.read_text().splitlines()[0])["settings"]
+    assert settings["no_fallback"] is True and settings["max_total_attempts"] == 9
+    assert settings["deadline_at"] is not None and settings["operator_prompt_digest"]
+    assert settings["overrides"]["a"] == {"timeout_s": 30.0}
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--max-total-attempts", "0", "--max-total-attempts"),
+    ("--deadline", "-5", "--deadline"),
+    ("--timeout", "nan", "timeout_s"),
+])
+def test_batch_refuses_bad_run_options_before_writing(
+        batch_project: Project, capsys: pytest.CaptureFixture[str], flag: str, value: str,
+        message: str) -> None:
+    code = main(batch_project.cli("batch", str(batch_project.root / "topologies"),
+                                  "--batch-id", "b7", flag, value))
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (batch_project.artifacts / "batches" / "b7").exists()
