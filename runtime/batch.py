@@ -10,6 +10,7 @@ of the batch merged (``findings.py``), with the counts per level in the summary.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -297,9 +298,25 @@ def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
     summary = BatchSummary(batch_id=batch_id, status=status, entries=ordered,
                            report=str(batch_dir / "report.html"),
                            findings=counts, findings_file=findings_file)
+    portable = _relative_paths(summary, batch_dir.parent.parent)
     replace_atomically(batch_dir / "summary.json",
-                       (summary.model_dump_json(indent=2) + "\n").encode())
+                       (portable.model_dump_json(indent=2) + "\n").encode())
     return summary
+
+
+def _relative_paths(summary: BatchSummary, root: Path) -> BatchSummary:
+    """summary.json names files relative to the artifacts root: no host path in a record,
+    and the artifacts tree can be moved or uploaded whole (runs are found by run id)."""
+    def rel(path: str | None) -> str | None:
+        if path is None or not os.path.isabs(path):
+            return path
+        inside = os.path.relpath(path, root)
+        return path if inside.startswith("..") else inside
+
+    return summary.model_copy(update={
+        "report": rel(summary.report), "findings_file": rel(summary.findings_file),
+        "entries": [e.model_copy(update={"run_dir": rel(e.run_dir), "report": rel(e.report)})
+                    for e in summary.entries]})
 
 
 def rewrite_summary(batch_dir: Path) -> BatchSummary:
@@ -311,12 +328,15 @@ def rewrite_summary(batch_dir: Path) -> BatchSummary:
     old = BatchSummary.model_validate_json((batch_dir / "summary.json").read_bytes())
     entries: dict[str, BatchEntry] = {}
     for e in old.entries:
-        if e.run_dir is None:
+        if e.run_dir is None or e.run_id is None:
             entries[e.source] = e
             continue
-        _, state = load_run(Path(e.run_dir))
-        result = RunResult(state.run_id, Path(e.run_dir), state.status, state)
-        entries[e.source] = entry_of(Path(e.source), result)
+        run_dir = batch_dir.parent.parent / "runs" / e.run_id
+        _, state = load_run(run_dir)
+        entry = entry_of(Path(e.source), RunResult(state.run_id, run_dir, state.status, state))
+        if e.report is not None:
+            entry = entry.model_copy(update={"report": str(run_dir / "report.html")})
+        entries[e.source] = entry
     summary = _write_summary(batch_dir, old.batch_id, [Path(e.source) for e in old.entries],
                              entries, threading.Event(), final=True)
     render_batch_report(summary, batch_dir)

@@ -503,10 +503,12 @@ def cmd_retry(args: argparse.Namespace) -> int:
     redactor = _redactor(args)
     request = RetryRequest(agent=args.agent, no_fallback=args.no_fallback,
                            sets=tuple(args.sets))
-    batch_dir = args.artifacts / "batches" / args.target
-    if (batch_dir / "summary.json").is_file() and not Path(args.target).is_dir():
-        return _retry_batch(args, batch_dir, request, redactor, deadline_at)
-    run_dir = resolve_run_dir(args.target, args.artifacts)
+    from .findings import resolve_target
+
+    kind, path = resolve_target(args.target, args.artifacts)
+    if kind == "batch":
+        return _retry_batch(args, path, request, redactor, deadline_at)
+    run_dir = resolve_run_dir(str(path), args.artifacts)
     with _cancel_on_signals() as cancel:
         result = retry_run(run_dir, request, redactor=redactor, hooks=_hooks(cancel, args),
                            deadline_at=deadline_at)
@@ -525,9 +527,12 @@ def _retry_batch(args: argparse.Namespace, batch_dir: Path, request: Any, redact
     with hold(batch_dir, f"batch {batch_dir.name}"), _cancel_on_signals() as cancel:
         summary = BatchSummary.model_validate_json((batch_dir / "summary.json").read_bytes())
         for entry in summary.entries:
-            if entry.status == "succeeded" or entry.run_dir is None or cancel.is_set():
+            if entry.status == "succeeded" or entry.run_id is None or cancel.is_set():
                 continue
-            result = retry_run(Path(entry.run_dir), request, redactor=redactor,
+            run_dir = batch_dir.parent.parent / "runs" / entry.run_id
+            if not (run_dir / "ledger.jsonl").is_file():
+                continue  # invalid before it ran: nothing to retry
+            result = retry_run(run_dir, request, redactor=redactor,
                                hooks=_hooks(cancel, args), deadline_at=deadline_at)
             retried += 1
             sys.stderr.write(f"{result.run_id}: {result.status.value}\n")
