@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", type=Path, metavar="TOPOLOGY|PLAN")
     _run_options(p)
     p.add_argument("--run-id", help="name the run (default: <topology>-<UTC time>-<random>)")
+    _engine_options(p)
     _common(p, plans=True)
     p.set_defaults(handler=cmd_run)
 
@@ -87,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     _redact_options(p)
     p.add_argument("--deadline", type=float, metavar="SECONDS",
                    help="a new wall-clock limit for the rest of the run, from now")
+    _engine_options(p)
     _common(p, plans=False)
     p.set_defaults(handler=cmd_resume)
 
@@ -374,7 +376,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings.model_copy(update={"deadline_at": _deadline_at(args.deadline)})
     with _cancel_on_signals() as cancel:
         result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
-                           redactor=redactor, hooks=_hooks(cancel),
+                           redactor=redactor, hooks=_hooks(cancel, args),
                            verified=verified)
     return _report_run(args, result)
 
@@ -453,7 +455,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     redactor = _redactor(args)
     run_dir = resolve_run_dir(args.run, args.artifacts)
     with _cancel_on_signals() as cancel:
-        result = resume_run(run_dir, redactor=redactor, hooks=_hooks(cancel),
+        result = resume_run(run_dir, redactor=redactor, hooks=_hooks(cancel, args),
                             deadline_at=deadline_at)
     return _report_run(args, result)
 
@@ -559,10 +561,25 @@ def _cancel_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
-def _hooks(cancel: Any) -> Any:
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="where attempts' agents run: this process (default) or a Ray cluster "
+                   "(pip install -e '.[ray]')")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="the Ray cluster to join (e.g. HOST:6379 or auto); default: a local "
+                   "one started for this run")
+
+
+def _hooks(cancel: Any, args: argparse.Namespace) -> Any:
     from .run import Hooks
 
-    return Hooks(cancel=cancel)
+    if args.engine == "local":
+        if args.ray_address is not None:
+            raise UsageError("--ray-address needs --engine ray")
+        return Hooks(cancel=cancel)
+    from .ray_engine import RayEngine
+
+    return Hooks(cancel=cancel, engine=RayEngine(args.ray_address))
 
 
 def _report_run(args: argparse.Namespace, result: Any) -> int:
