@@ -7,7 +7,7 @@ returns an ``AgentOutcome`` with the captured output and the declared artifacts 
 bytes; the driver writes them. Ray's own retries are off (``max_retries=0``,
 ``retry_exceptions=False``): the runtime's policy alone decides what runs again. A
 worker or node that dies under a task makes the attempt ``lost`` (uncharged; the node
-runs again); a cancelled run force-cancels its tasks, which kills the worker process.
+runs again); a cancelled run cancels its tasks; each stops its agent's process tree on the worker.
 
 Secrets are read from the worker's environment by the names the profile lists; the
 driver never ships their values.
@@ -23,13 +23,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .agents import AgentExit
+from .agents import AgentExit, Invocation
 from .capture import BoundedCapture
 from .engine import AgentOutcome, AgentRequest, LocalSite, collect_artifacts, invocation
 from .errors import UsageError
 
 NAME = "ray"
 POLL_S = 0.1
+# How long a cancelled task waits for its adapter to stop the agent (the command
+# adapter's own SIGTERM, then SIGKILL after 2 s).
+CANCEL_GRACE_S = 5.0
 INSTALL_HINT = "install the extra: pip install -e '.[ray]'"
 
 
@@ -68,12 +71,10 @@ def run_on_worker(request: AgentRequest) -> AgentOutcome:
         stdout = BoundedCapture(attempt_dir / "stdout.log")
         stderr = BoundedCapture(attempt_dir / "stderr.log")
         try:
-            from .agents import make_agent
-
             inv = invocation(request, prompt_file=prompt_file, workspace=ws,
                              attempt_dir=attempt_dir, env=env, stdout=stdout, stderr=stderr,
                              cancel=threading.Event())
-            exit_ = make_agent(request.profile).run(inv)
+            exit_ = _run_cancellable(request, inv)
         finally:
             stdout.close()
             stderr.close()
@@ -86,6 +87,36 @@ def run_on_worker(request: AgentRequest) -> AgentOutcome:
             started_at=started, finished_at=time.time(), stdout_total=stdout.total,
             stderr_total=stderr.total, stdout=(attempt_dir / "stdout.log").read_bytes(),
             stderr=err, artifacts=artifacts)
+
+
+def _run_cancellable(request: AgentRequest, inv: Invocation) -> AgentExit:
+    """Run the agent in a thread so that a (non-forced) ``ray.cancel``, which raises
+    KeyboardInterrupt in this task's main thread, reaches the adapter as ``inv.cancel``:
+    the adapter then kills the agent's process tree by its own rules before the task
+    ends (a forced cancel would kill the worker and orphan the tree)."""
+    from .agents import make_agent
+
+    box: list[AgentExit | BaseException] = []
+
+    def target() -> None:
+        try:
+            box.append(make_agent(request.profile).run(inv))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the task's thread
+            box.append(exc)
+
+    worker = threading.Thread(target=target, daemon=True, name=f"agent-{inv.node}")
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(POLL_S)
+    except KeyboardInterrupt:
+        inv.cancel.set()
+        worker.join(CANCEL_GRACE_S)
+        raise
+    result = box[0]
+    if isinstance(result, BaseException):
+        raise result
+    return result
 
 
 def _node_id() -> str:
@@ -126,7 +157,11 @@ class RayEngine:
             if done:
                 break
             if site.cancel.is_set():
-                ray.cancel(ref, force=True)
+                # Not forced: a killed worker would orphan the agent's process group (it
+                # runs in a session of its own). The task stops the agent itself, within
+                # the adapter's grace; Ray marks the task cancelled at once, so the
+                # driver does not wait for that.
+                ray.cancel(ref, force=False)
                 return AgentOutcome(exit=AgentExit(cancelled=True), engine=NAME, host="",
                                     worker="", started_at=started, finished_at=time.time())
         try:

@@ -4,7 +4,6 @@ workers, which get the repository root on PYTHONPATH from the test fixture."""
 from __future__ import annotations
 
 import os
-import time
 
 from runtime.agents import Invocation
 from tests.agent_scripts import write_all
@@ -15,10 +14,3 @@ def crash_first(inv: Invocation) -> int:
     if inv.attempt == 1:
         os._exit(17)
     return write_all(inv)
-
-
-def hang(inv: Invocation) -> int:
-    """Runs until killed: only a cancel that kills the worker ends it."""
-    (inv.workspace / "started").write_text(str(os.getpid()))
-    time.sleep(3600)
-    return 0

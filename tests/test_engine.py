@@ -41,7 +41,7 @@ def _topo(agent: str) -> dict[str, Any]:
                          b={"agent": "fail_first"})
     topo["agents"] = {**python_agents("write_all", "fail_first", "record_inputs"),
                       **{n: {"kind": "python", "target": f"tests.engine_agents:{n}"}
-                         for n in ("crash_first", "hang")}}
+                         for n in ("crash_first",)}}
     topo["defaults"] = {"agent": agent, "max_attempts": 2}
     return topo
 
@@ -107,19 +107,45 @@ def test_a_dying_worker_is_a_lost_attempt_and_the_node_reruns(
     assert "the Ray worker running the attempt died (WorkerCrashedError)" in lost.error
 
 
-def test_cancel_kills_the_ray_task(project: Project, ray_engine: Any) -> None:
-    topo = _topo("hang")
+def test_cancel_kills_the_ray_task_and_its_agent(project: Project, ray_engine: Any,
+                                                 tmp_path: Path) -> None:
+    topo = _topo("sleeper")
     topo["nodes"] = topo["nodes"][:1]
+    pidfile = tmp_path / "agent.pid"
+    # A command agent in a session of its own: a killed worker would orphan it.
+    topo["agents"]["sleeper"] = {"kind": "command", "sandbox": False, "argv": [
+        "sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"]}
     cancel = threading.Event()
 
-    def after(event: Any) -> None:
-        if event.event == "attempt.started":
-            threading.Timer(1.0, cancel.set).start()
+    def cancel_once_running() -> None:
+        # Cancel once the agent runs on the worker (its pid file written), not before.
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            if cancel.wait(0.05):
+                return
+        cancel.set()
 
+    threading.Thread(target=cancel_once_running, daemon=True).start()
     result = run_topology(project, topo, run_id="cancel",
-                          hooks=Hooks(engine=ray_engine, cancel=cancel, after_append=after))
+                          hooks=Hooks(engine=ray_engine, cancel=cancel))
     assert result.status is RunStatus.CANCELLED
     assert _attempt(project, "cancel", "a", 1).outcome is FailureClass.CANCELLED
+    pid = int(pidfile.read_text())
+    # The task stops it on the worker (SIGTERM, SIGKILL after 2 s) after Ray has told
+    # the driver the task is cancelled: a bounded wait for it to go, no orphan left.
+    gone = threading.Event()
+    for _ in range(300):
+        if not _running(pid):
+            gone.set()
+            break
+        gone.wait(0.05)
+    assert gone.is_set(), f"agent {pid} still running after the run was cancelled"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
 
 
 def _site(tmp_path: Path) -> LocalSite:
