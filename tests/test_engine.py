@@ -17,6 +17,7 @@ from runtime.capture import BoundedCapture
 from runtime.engine import AgentOutcome, LocalSite, collect_artifacts, deliver
 from runtime.failures import FailureClass, NodeStatus, RunStatus
 from runtime.records import AttemptContext
+from runtime.redact import Redactor
 from runtime.run import Hooks
 from runtime.topology import ArtifactSpec
 from tests.conftest import REPO, Project, make_topology, python_agents, run_topology
@@ -92,6 +93,27 @@ def test_ray_inputs_reach_the_worker(project: Project, ray_engine: Any) -> None:
     assert result.status is RunStatus.SUCCEEDED
     seen = project.artifacts / "runs" / "inputs" / "nodes" / "b" / "workspace" / "seen.txt"
     assert seen.read_text() == "inputs/a/a.json"
+
+
+def test_a_local_run_resumes_on_ray(project: Project, ray_engine: Any) -> None:
+    from runtime.run import resume_run
+
+    topo = _topo("write_all")
+    cancel = threading.Event()
+
+    def after(event: Any) -> None:
+        if event.event == "node.succeeded":
+            cancel.set()  # a succeeded locally; the rest is left for the resume
+
+    first = run_topology(project, topo, run_id="across",
+                         hooks=Hooks(cancel=cancel, after_append=after))
+    assert first.status is RunStatus.CANCELLED
+    result = resume_run(project.artifacts / "runs" / "across",
+                        redactor=Redactor.from_environment({}), hooks=Hooks(engine=ray_engine))
+    assert result.status is RunStatus.SUCCEEDED
+    assert _attempt(project, "across", "a", 1).engine == "local"
+    last = result.state.nodes["c"].attempts[-1].attempt
+    assert _attempt(project, "across", "c", last).engine == "ray"
 
 
 def test_a_dying_worker_is_a_lost_attempt_and_the_node_reruns(
