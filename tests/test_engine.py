@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,3 +212,13 @@ def test_ray_address_needs_the_ray_engine(project: Project, capsys: Any) -> None
     code = main(project.cli("run", str(project.topology), "--ray-address", "auto"))
     assert code == 2
     assert "--ray-address needs --engine ray" in capsys.readouterr().err
+
+
+def test_engine_ray_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.errors import UsageError
+    from runtime.ray_engine import RayEngine
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(UsageError, match=r"--engine ray needs the ray package: install the "
+                       r"extra: pip install -e '\.\[ray\]'"):
+        RayEngine()
