@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
-from .agents import AgentExit, Invocation, make_agent
+from .agents import AgentExit
 from .agents.recognise import error_tail
 from .assemble import RuntimeContext, assemble_prompt
 from .capture import BoundedCapture
 from .context import AttemptSpec, RunContext
 from .contract import AcceptanceSummary, verify_artifacts
 from .digest import blake3_hex
+from .engine import LOCAL, AgentOutcome, AgentRequest, InputFile, LocalSite, deliver
 from .errors import FatalRunError
 from .failures import FailureClass
 from .feedback import fingerprint, render_preamble
@@ -73,6 +75,7 @@ class Attempt:
         self._started = False
         self._summary_hint: str | None = None
         self._retry_after: float | None = None
+        self._where: AgentOutcome | None = None  # the engine's report: where it ran
 
     def run(self) -> AttemptRecord:
         try:
@@ -153,7 +156,9 @@ class Attempt:
             profile_digest=self.ctx.profile_digest(spec.profile),
             plan_prompt_digest=self.node.prompt_digest, prompt_digest=self._prompt_digest,
             preamble_digest=self._preamble_digest, prior_failures=list(spec.prior_failures),
-            sandbox=self._sandbox(), started_at=self.started, **outcome))
+            sandbox=self._sandbox(), started_at=self.started, engine=self.ctx.engine.name,
+            worker_host=self._where.host if self._where else None,
+            worker=self._where.worker if self._where else None, **outcome))
 
     def _sandbox(self) -> SandboxRecord | None:
         from .agents.sandbox import find_bubblewrap
@@ -190,19 +195,28 @@ class Attempt:
         timeout = self.spec.policy.timeout_s
         if self.ctx.settings.deadline_at is not None:
             timeout = max(0.001, min(timeout, self.ctx.settings.deadline_at - self.ctx.clock()))
-        inv = Invocation(
+        profile = self.ctx.manifest.agents[self.spec.profile]
+        request = AgentRequest(
             run_id=self.ctx.run_id, node=self.spec.node_id, attempt=self.spec.number,
-            max_attempts=self.spec.policy.ceiling, prompt=prompt,
-            prompt_file=(self.dir / "prompt.md").absolute(), workspace=ws.absolute(),
-            timeout_s=timeout, env=self._env(ws), artifacts=tuple(self.node.artifacts),
-            stdout=stdout, stderr=stderr, cancel=self.ctx.cancel,
-            attempt_dir=self.dir.absolute())
+            max_attempts=self.spec.policy.ceiling, profile_name=self.spec.profile,
+            profile=profile, prompt=prompt.encode(), inputs=self._inputs(ws),
+            env_names=tuple(getattr(profile, "env", ())), timeout_s=timeout,
+            artifacts=tuple(self.node.artifacts))
+        site = LocalSite(
+            workspace=ws.absolute(), attempt_dir=self.dir.absolute(),
+            prompt_file=(self.dir / "prompt.md").absolute(), env=self._env(ws),
+            stdout=stdout, stderr=stderr, cancel=self.ctx.cancel)
         try:
-            agent = make_agent(self.ctx.manifest.agents[self.spec.profile])
-            exit_ = agent.run(inv)
+            outcome = self.ctx.engine.run(request, site)
+            deliver(outcome, site)
         finally:
             stdout.close()
             stderr.close()
+        self._where = outcome
+        exit_ = outcome.exit
+        if outcome.lost is not None:
+            return self._finish(FailureClass.LOST, None, outcome.lost, AcceptanceSummary(),
+                                outcome.stdout_total, outcome.stderr_total, {})
         failure, error = self._classify(exit_, stderr, timeout)
         self._summary_hint, self._retry_after = exit_.summary, exit_.retry_after_s
         acceptance = AcceptanceSummary()
@@ -217,8 +231,22 @@ class Attempt:
                     self.spec.node_id, [a.path for a in self.node.artifacts])
                 if problem:
                     failure, error = FailureClass.ARTIFACT_CONTRACT, problem
-        return self._finish(failure, exit_.exit_code, error, acceptance, stdout.total,
-                            stderr.total, digests)
+        return self._finish(failure, exit_.exit_code, error, acceptance,
+                            outcome.stdout_total, outcome.stderr_total, digests)
+
+    def _inputs(self, ws: Path) -> tuple[InputFile, ...]:
+        """The placed inputs, as bytes with digests, for an engine that runs elsewhere
+        (the local engine reads them in place; they are read here only for others)."""
+        if self.ctx.engine.name == LOCAL:
+            return ()
+        out = []
+        for up, accepted in self.ctx.accepted_inputs(self.spec.node_id).items():
+            for rel in sorted(accepted):
+                path = ws / "inputs" / up / rel
+                if os.path.lexists(path):
+                    data = read_capped(path, PROMPT_MAX_BYTES)
+                    out.append(InputFile(f"inputs/{up}/{rel}", data, blake3_hex(data)))
+        return tuple(out)
 
     def _env(self, ws: Path) -> Mapping[str, str]:
         return {

@@ -80,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", type=Path, metavar="TOPOLOGY|PLAN")
     _run_options(p)
     p.add_argument("--run-id", help="name the run (default: <topology>-<UTC time>-<random>)")
+    _engine_options(p)
     _common(p, plans=True)
     p.set_defaults(handler=cmd_run)
 
@@ -88,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _redact_options(p)
     p.add_argument("--deadline", type=float, metavar="SECONDS",
                    help="a new wall-clock limit for the rest of the run, from now")
+    _engine_options(p)
     _common(p, plans=False)
     p.set_defaults(handler=cmd_resume)
 
@@ -101,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fallback", action="store_true", help="use only the primary profile")
     p.add_argument("--deadline", type=float, metavar="SECONDS",
                    help="a wall-clock limit for the retry, from now")
+    _engine_options(p)
     _redact_options(p)
     _common(p, plans=False)
     p.set_defaults(handler=cmd_retry)
@@ -643,14 +646,30 @@ def _cancel_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, handler)
 
 
+def _engine_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="where attempts' agents run: this process (default) or a Ray cluster "
+                   "(pip install -e '.[ray]')")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="the Ray cluster to join (e.g. HOST:6379 or auto); default: a local "
+                   "one started for this run")
+
+
 def _hooks(cancel: Any, args: argparse.Namespace) -> Any:
-    """The run's hooks: cancellation, and one stderr line per node event as it happens
-    (CI logs show progress; --json keeps stderr quiet for machines)."""
+    """The run's hooks: cancellation, the engine, and one stderr line per node event as
+    it happens (CI logs show progress; --json keeps stderr quiet for machines)."""
     from .run import Hooks
 
-    if getattr(args, "json", False):
-        return Hooks(cancel=cancel)
-    return Hooks(cancel=cancel, after_append=_print_event)
+    printer = None if getattr(args, "json", False) else _print_event
+    engine_name = getattr(args, "engine", "local")
+    address = getattr(args, "ray_address", None)
+    if engine_name == "local":
+        if address is not None:
+            raise UsageError("--ray-address needs --engine ray")
+        return Hooks(cancel=cancel, after_append=printer)
+    from .ray_engine import RayEngine
+
+    return Hooks(cancel=cancel, after_append=printer, engine=RayEngine(address))
 
 
 def _print_event(ev: Any) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .digest import blake3_hex, canonical_json
+from .engine import Engine, LocalEngine
 from .failures import FailureClass, NodeStatus
 from .ledger import Ledger
 from .plan import Manifest
@@ -48,6 +49,9 @@ class RunContext:
     redactor: Redactor
     cancel: threading.Event = field(default_factory=threading.Event)
     clock: Callable[[], float] = time.time
+    # Where attempts' agents run (--engine); not a run setting: a run may be resumed on
+    # another engine.
+    engine: Engine = field(default_factory=LocalEngine)
     # node -> {artifact path: blake3} of its accepted artifacts, from node.succeeded.
     # Written by the scheduler before any dependent starts; read by the dependents.
     accepted: dict[str, dict[str, str] | None] = field(default_factory=dict)

@@ -96,6 +96,9 @@ class AttemptContext(BaseModel):
     prior_failures: list[PriorFailure] = Field(default_factory=list)
     sandbox: SandboxRecord | None = Field(
         default=None, description="command agents only: the containment the attempt ran in")
+    engine: str = Field(default="local", description="--engine the attempt ran on")
+    worker_host: str | None = Field(default=None, description="host name the agent ran on")
+    worker: str | None = Field(default=None, description="engine's worker id (Ray node id)")
     outcome: Literal["succeeded"] | FailureClass | None = None
     failure_classes: list[FailureClass] = Field(default_factory=list)
     exit_code: int | None = None

@@ -22,6 +22,7 @@ from .agents.procs import kill_leftovers
 from .agents.sandbox import require_bubblewrap, sandboxed_profiles
 from .context import AttemptBudget, RunContext
 from .digest import blake3_hex
+from .engine import Engine, LocalEngine
 from .errors import LedgerError, PlanIntegrityError, UsageError
 from .failures import FailureClass, NodeStatus, RunStatus
 from .files import READ_ONLY, fsync_dir, read_capped, write_read_only
@@ -62,6 +63,7 @@ class Hooks:
     cancel: threading.Event | None = None
     after_append: Callable[[Event], None] | None = None
     clock: Callable[[], float] = time.time
+    engine: Engine | None = None  # --engine; None: the local engine
 
 
 def default_run_id(topology: str) -> str:
@@ -278,7 +280,8 @@ def _drive(layout: RunLayout, manifest: Manifest, settings: RunSettings, ledger:
         run_id=state.run_id, layout=layout, manifest=manifest, settings=settings,
         ledger=ledger, budget=AttemptBudget(limit, used=state.attempts_used),
         redactor=redactor or Redactor.from_environment(os.environ),
-        cancel=hooks.cancel or threading.Event(), clock=hooks.clock)
+        cancel=hooks.cancel or threading.Event(), clock=hooks.clock,
+        engine=hooks.engine or LocalEngine())
     try:
         status = Scheduler(ctx, state).run()
     finally:

@@ -1,0 +1,224 @@
+"""The engine seam (runtime/engine.py) and ``--engine ray`` against a real local Ray
+(one ``ray.init`` for the whole module: starting Ray costs seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from runtime.agents import AgentExit
+from runtime.capture import BoundedCapture
+from runtime.engine import AgentOutcome, LocalSite, collect_artifacts, deliver
+from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.records import AttemptContext
+from runtime.redact import Redactor
+from runtime.run import Hooks
+from runtime.topology import ArtifactSpec
+from tests.conftest import REPO, Project, make_topology, python_agents, run_topology
+
+
+@pytest.fixture(scope="module")
+def ray_engine() -> Iterator[Any]:
+    import ray
+
+    from runtime.ray_engine import RayEngine
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
+    try:
+        yield RayEngine()
+    finally:
+        ray.shutdown()
+
+
+def _topo(agent: str) -> dict[str, Any]:
+    topo = make_topology({"a": [], "b": ["a"], "c": ["a", "b"]},
+                         b={"agent": "fail_first"})
+    topo["agents"] = {**python_agents("write_all", "fail_first", "record_inputs"),
+                      **{n: {"kind": "python", "target": f"tests.engine_agents:{n}"}
+                         for n in ("crash_first",)}}
+    topo["defaults"] = {"agent": agent, "max_attempts": 2}
+    return topo
+
+
+def _events(project: Project, run_id: str) -> list[tuple[Any, ...]]:
+    """The ledger as the engine must not change it: kinds, nodes, attempts, outcomes,
+    artifact digests (timestamps and durations aside)."""
+    path = project.artifacts / "runs" / run_id / "ledger.jsonl"
+    out = []
+    for line in path.read_text().splitlines():
+        ev = json.loads(line)
+        out.append((ev["event"], ev.get("node"), ev.get("attempt"), ev.get("outcome"),
+                    ev.get("status"), ev.get("prompt_digest"),
+                    json.dumps(ev.get("artifacts"), sort_keys=True)))
+    return out
+
+
+def _attempt(project: Project, run_id: str, node: str, n: int) -> AttemptContext:
+    path = project.artifacts / "runs" / run_id / "nodes" / node / "attempts" / str(n)
+    return AttemptContext.model_validate_json((path / "attempt.json").read_bytes())
+
+
+def test_ray_run_records_the_same_ledger_as_local(project: Project, ray_engine: Any) -> None:
+    topo = _topo("record_inputs")
+    local = run_topology(project, topo, run_id="local")
+    remote = run_topology(project, topo, run_id="ray", hooks=Hooks(engine=ray_engine))
+    assert local.status is remote.status is RunStatus.SUCCEEDED
+    assert _events(project, "ray") == _events(project, "local")
+    # b failed once then succeeded, on the worker too; c saw a's and b's artifacts as
+    # inputs shipped as bytes (nothing shared with the driver's workspace).
+    assert [a.outcome for a in remote.state.nodes["b"].attempts] == [
+        FailureClass.AGENT_EXIT, "succeeded"]
+    seen = project.artifacts / "runs" / "ray" / "nodes" / "c" / "workspace"
+    assert (seen / "c.json").exists()
+    ctx = _attempt(project, "ray", "c", 1)
+    assert (ctx.engine, ctx.worker_host) == ("ray", os.uname().nodename)
+    assert ctx.worker and not ctx.worker.startswith("pid")
+    assert _attempt(project, "local", "c", 1).engine == "local"
+
+
+def test_ray_inputs_reach_the_worker(project: Project, ray_engine: Any) -> None:
+    topo = make_topology({"a": [], "b": ["a"]})
+    topo["agents"] = python_agents("write_all", "record_inputs")
+    topo["defaults"] = {"agent": "write_all"}
+    topo["nodes"][1]["agent"] = "record_inputs"
+    topo["nodes"][1]["artifacts"].append({"path": "seen.txt"})
+    result = run_topology(project, topo, run_id="inputs", hooks=Hooks(engine=ray_engine))
+    assert result.status is RunStatus.SUCCEEDED
+    seen = project.artifacts / "runs" / "inputs" / "nodes" / "b" / "workspace" / "seen.txt"
+    assert seen.read_text() == "inputs/a/a.json"
+
+
+def test_a_local_run_resumes_on_ray(project: Project, ray_engine: Any) -> None:
+    from runtime.run import resume_run
+
+    topo = _topo("write_all")
+    cancel = threading.Event()
+
+    def after(event: Any) -> None:
+        if event.event == "node.succeeded":
+            cancel.set()  # a succeeded locally; the rest is left for the resume
+
+    first = run_topology(project, topo, run_id="across",
+                         hooks=Hooks(cancel=cancel, after_append=after))
+    assert first.status is RunStatus.CANCELLED
+    result = resume_run(project.artifacts / "runs" / "across",
+                        redactor=Redactor.from_environment({}), hooks=Hooks(engine=ray_engine))
+    assert result.status is RunStatus.SUCCEEDED
+    assert _attempt(project, "across", "a", 1).engine == "local"
+    last = result.state.nodes["c"].attempts[-1].attempt
+    assert _attempt(project, "across", "c", last).engine == "ray"
+
+
+def test_a_dying_worker_is_a_lost_attempt_and_the_node_reruns(
+        project: Project, ray_engine: Any) -> None:
+    topo = _topo("crash_first")
+    topo["nodes"] = topo["nodes"][:1]
+    result = run_topology(project, topo, run_id="crash", hooks=Hooks(engine=ray_engine))
+    node = result.state.nodes["a"]
+    assert node.status is NodeStatus.SUCCEEDED
+    assert [a.outcome for a in node.attempts] == [FailureClass.LOST, "succeeded"]
+    lost = _attempt(project, "crash", "a", 1)
+    assert lost.outcome is FailureClass.LOST
+    assert "the Ray worker running the attempt died (WorkerCrashedError)" in lost.error
+
+
+def test_cancel_kills_the_ray_task_and_its_agent(project: Project, ray_engine: Any,
+                                                 tmp_path: Path) -> None:
+    topo = _topo("sleeper")
+    topo["nodes"] = topo["nodes"][:1]
+    pidfile = tmp_path / "agent.pid"
+    # A command agent in a session of its own: a killed worker would orphan it.
+    topo["agents"]["sleeper"] = {"kind": "command", "sandbox": False, "argv": [
+        "sh", "-c", f"echo $$ > {pidfile}; exec sleep 300"]}
+    cancel = threading.Event()
+
+    def cancel_once_running() -> None:
+        # Cancel once the agent runs on the worker (its pid file written), not before.
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            if cancel.wait(0.05):
+                return
+        cancel.set()
+
+    threading.Thread(target=cancel_once_running, daemon=True).start()
+    result = run_topology(project, topo, run_id="cancel",
+                          hooks=Hooks(engine=ray_engine, cancel=cancel))
+    assert result.status is RunStatus.CANCELLED
+    assert _attempt(project, "cancel", "a", 1).outcome is FailureClass.CANCELLED
+    pid = int(pidfile.read_text())
+    # The task stops it on the worker (SIGTERM, SIGKILL after 2 s) after Ray has told
+    # the driver the task is cancelled: a bounded wait for it to go, no orphan left.
+    gone = threading.Event()
+    for _ in range(300):
+        if not _running(pid):
+            gone.set()
+            break
+        gone.wait(0.05)
+    assert gone.is_set(), f"agent {pid} still running after the run was cancelled"
+
+
+def _running(pid: int) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def _site(tmp_path: Path) -> LocalSite:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    return LocalSite(workspace=ws, attempt_dir=tmp_path, prompt_file=tmp_path / "p",
+                     env={}, stdout=BoundedCapture(tmp_path / "out"),
+                     stderr=BoundedCapture(tmp_path / "err"), cancel=threading.Event())
+
+
+def test_collect_artifacts_caps_and_refuses_links(tmp_path: Path) -> None:
+    (tmp_path / "big.txt").write_bytes(b"x" * 100)
+    (tmp_path / "elsewhere").write_text("secret")
+    (tmp_path / "link.txt").symlink_to(tmp_path / "elsewhere")
+    specs = (ArtifactSpec(path="big.txt", max_bytes=10), ArtifactSpec(path="link.txt"),
+             ArtifactSpec(path="absent.txt", required=False))
+    got, problems = collect_artifacts(tmp_path, specs)
+    assert got == {"big.txt": b"x" * 11}  # one past the cap: the driver sees it oversize
+    assert len(problems) == 1 and problems[0].startswith("link.txt: cannot be read on the worker")
+
+
+def test_deliver_never_writes_through_a_link(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    (site.workspace / "a.json").symlink_to(tmp_path / "target")
+    outcome = AgentOutcome(exit=AgentExit(exit_code=0), engine="ray", host="h", worker="w",
+                           started_at=0.0, finished_at=0.0, stdout=b"hello\n",
+                           artifacts={"a.json": b"{}"})
+    try:
+        with pytest.raises(FileExistsError):
+            deliver(outcome, site)
+    finally:
+        site.stdout.close()
+        site.stderr.close()
+    assert not (tmp_path / "target").exists()
+
+
+def test_ray_address_needs_the_ray_engine(project: Project, capsys: Any) -> None:
+    from runtime.cli import main
+
+    project.write_topology(_topo("write_all"))
+    code = main(project.cli("run", str(project.topology), "--ray-address", "auto"))
+    assert code == 2
+    assert "--ray-address needs --engine ray" in capsys.readouterr().err
+
+
+def test_engine_ray_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from runtime.errors import UsageError
+    from runtime.ray_engine import RayEngine
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    with pytest.raises(UsageError, match=r"--engine ray needs the ray package: install the "
+                       r"extra: pip install -e '\.\[ray\]'"):
+        RayEngine()
