@@ -102,6 +102,7 @@ class BatchOptions:
     deadline_at: float | None = None
     operator_prompt: str | None = None
     variables: dict[str, str] = field(default_factory=dict)
+    engine: Any = None  # --engine: one for every run of the batch; None: local
 
 
 class Progress:
@@ -213,7 +214,8 @@ def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, N
     run_id = f"{batch_id}-{name}"
     run_dir = options.artifacts / "runs" / run_id
     progress.started(str(path), name, len(manifest.nodes))
-    hooks = Hooks(cancel=cancel, after_append=lambda ev: progress.event(str(path), ev))
+    hooks = Hooks(cancel=cancel, after_append=lambda ev: progress.event(str(path), ev),
+                  engine=options.engine)
     try:
         if (run_dir / "ledger.jsonl").exists():
             result = resume_run(run_dir, redactor=options.redactor, hooks=hooks)

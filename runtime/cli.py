@@ -118,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no live display")
     _override_options(p)
     _limit_options(p)
+    _engine_options(p)
     _common(p, plans=True)
     p.set_defaults(handler=cmd_batch)
 
@@ -455,7 +456,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
                            preflight=not args.no_preflight, no_fallback=args.no_fallback,
                            max_total_attempts=args.max_total_attempts,
                            deadline_at=_deadline_at(args.deadline),
-                           operator_prompt=operator_prompt, variables=parse_vars(args.var))
+                           operator_prompt=operator_prompt, variables=parse_vars(args.var),
+                           engine=_engine(args))
     console = Console(stderr=True)
     live = not args.no_progress and not args.json and console.is_terminal
 
@@ -661,15 +663,19 @@ def _hooks(cancel: Any, args: argparse.Namespace) -> Any:
     from .run import Hooks
 
     printer = None if getattr(args, "json", False) else _print_event
-    engine_name = getattr(args, "engine", "local")
+    return Hooks(cancel=cancel, after_append=printer, engine=_engine(args))
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    """The engine --engine names (None: the local one)."""
     address = getattr(args, "ray_address", None)
-    if engine_name == "local":
+    if getattr(args, "engine", "local") == "local":
         if address is not None:
             raise UsageError("--ray-address needs --engine ray")
-        return Hooks(cancel=cancel, after_append=printer)
+        return None
     from .ray_engine import RayEngine
 
-    return Hooks(cancel=cancel, after_append=printer, engine=RayEngine(address))
+    return RayEngine(address)
 
 
 def _print_event(ev: Any) -> None:

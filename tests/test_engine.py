@@ -222,3 +222,21 @@ def test_engine_ray_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(UsageError, match=r"--engine ray needs the ray package: install the "
                        r"extra: pip install -e '\.\[ray\]'"):
         RayEngine()
+
+
+def test_batch_and_retry_run_on_ray_from_the_cli(project: Project, ray_engine: Any) -> None:
+    """--engine ray on batch and retry: every attempt of the batch, and of the retry,
+    records the ray engine (the module's Ray is joined, not started again)."""
+    from runtime.cli import main
+
+    topo = make_topology({"a": []}, a={"max_attempts": 1})
+    topo["agents"] = python_agents("write_all", "always_exit_2")
+    topo["defaults"] = {"agent": "always_exit_2"}
+    project.write_topology(topo)
+    art = str(project.artifacts)
+    assert main(project.cli("batch", str(project.topology), "--batch-id", "rb",
+                            "--engine", "ray", "--no-preflight")) == 1
+    run_id = next((project.artifacts / "runs").glob("rb-*")).name
+    assert main(["retry", "rb", "--artifacts", art, "--engine", "ray",
+                 "--agent", "write_all"]) == 0
+    assert [_attempt(project, run_id, "a", n).engine for n in (1, 2)] == ["ray", "ray"]
