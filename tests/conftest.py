@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,14 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+AGENT_CLIS = REPO / ".ci" / "agent-clis" / "node_modules" / ".bin"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The pinned claude and codex CLIs that .ci/components installs come first on PATH,
+    for the tests and every process they start (a global install may be another version)."""
+    if AGENT_CLIS.is_dir():
+        os.environ["PATH"] = f"{AGENT_CLIS}{os.pathsep}{os.environ.get('PATH', '')}"
 
 DEFAULT_TEMPLATE = "Task for {{ node.id }} in {{ topology.name }}.\n"
 
