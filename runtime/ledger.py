@@ -233,7 +233,8 @@ def parse_events(raw: bytes, path: Path) -> list[Event]:
                 break
             raise LedgerError(path, f"line {number}: not a ledger event: "
                               f"{exc.errors()[0]['msg']}") from None
-        if event.seq <= (events[-1].seq if events else 0):
+        # The runtime numbers lines 1, 2, 3, ...: a gap or a repeat means an edit.
+        if event.seq != (events[-1].seq if events else 0) + 1:
             raise LedgerError(path, f"line {number}: seq {event.seq} does not follow "
                               f"{events[-1].seq if events else 0}; the ledger was edited")
         events.append(event)

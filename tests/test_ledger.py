@@ -169,6 +169,8 @@ def test_a_forged_event_is_refused(tmp_path: Path, forged: list[Event], message:
     (b"[" * 100_000 + b"]" * 100_000, "not JSON"),
     (b'{"schema_version":1,"seq":1,"event":"run.finished","status":"failed","counts":{}}',
      "seq 1 does not follow 1"),
+    (b'{"schema_version":1,"seq":5,"event":"run.finished","status":"failed","counts":{}}',
+     "seq 5 does not follow 1"),
 ])
 def test_a_hostile_middle_line_is_a_clear_error(tmp_path: Path, line: bytes,
                                                 message: str) -> None:
