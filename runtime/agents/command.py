@@ -92,7 +92,10 @@ class CommandAgent:
                  else shutil.which(program, path=env.get("PATH", os.defpath)) is not None)
         if not found:
             return f"{program}: No such file or directory"
-        spec = sandbox_spec(inv, settings)
+        resolved = (os.path.join(inv.workspace, program) if "/" in program
+                    else shutil.which(program, path=env.get("PATH", os.defpath)))
+        spec = sandbox_spec(inv, settings, resolved,
+                            tuple(env.get("PATH", "").split(os.pathsep)))
         problem = sandbox.create_writable_dirs(spec)
         if problem is not None:
             return problem
@@ -165,7 +168,8 @@ class CommandAgent:
         return None
 
 
-def sandbox_spec(inv: Invocation, settings: SandboxSettings) -> sandbox.SandboxSpec:
+def sandbox_spec(inv: Invocation, settings: SandboxSettings, program: str | None = None,
+                 path_dirs: tuple[str, ...] = ()) -> sandbox.SandboxSpec:
     """What the attempt's sandbox binds, and what it hides: the run directory's
     artifacts root (``<root>/runs/<run-id>/nodes/<node>/attempts/<n>``), or the run
     directory itself when it does not live under a ``runs/`` directory."""
@@ -184,7 +188,8 @@ def sandbox_spec(inv: Invocation, settings: SandboxSettings) -> sandbox.SandboxS
     return sandbox.SandboxSpec(
         workspace=Path(os.path.abspath(inv.workspace)),
         prompt_file=Path(os.path.abspath(inv.prompt_file)), attempt_context=context,
-        hide=hide, network=settings.network, writable=tuple(settings.writable))
+        hide=hide, network=settings.network, writable=tuple(settings.writable),
+        expose=sandbox.tmp_roots([program or "", *path_dirs]))
 
 
 def _bwrap_refused(stderr: bytes) -> str | None:

@@ -99,6 +99,23 @@ class SandboxSpec:
     network: bool = True
     writable: tuple[str, ...] = ()
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
+    # Host directories under /tmp the agent needs read-only (its program, its PATH: a
+    # checkout or venv under /tmp), shown again over the private /tmp.
+    expose: tuple[Path, ...] = ()
+
+
+def tmp_roots(paths: Iterable[str]) -> tuple[Path, ...]:
+    """The top-level ``/tmp/<name>`` directories that hold any of ``paths``."""
+    out: list[Path] = []
+    for raw in paths:
+        if not raw:
+            continue
+        path = Path(os.path.abspath(raw))
+        if path.parts[:2] == ("/", "tmp") and len(path.parts) > 2:
+            top = Path("/tmp", path.parts[2])
+            if top.is_dir() and top not in out:
+                out.append(top)
+    return tuple(out)
 
 
 def expand_writable(paths: Iterable[str], home: str) -> list[str]:
@@ -133,13 +150,16 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
     else:
         argv += ["--tmpfs", "/", *_host_root()]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", str(MOUNTS)]
+    for shown in spec.expose:
+        argv += ["--ro-bind", str(shown), str(shown)]
     for path in expand_writable(spec.writable, spec.home):
         path = path.rstrip("/")
         argv += ["--bind-try", path, path]
     for hidden in spec.hide:
-        # Under /tmp the private tmpfs already hides it; elsewhere an empty read-only
-        # tmpfs covers it (after the writable binds, so a writable path cannot expose it).
-        if not _under(hidden, "/tmp"):
+        # Under /tmp the private tmpfs already hides it (unless exposed again); elsewhere
+        # an empty read-only tmpfs covers it (after the writable binds, so a writable
+        # path cannot expose it).
+        if not _under(hidden, "/tmp") or any(_under(hidden, str(e)) for e in spec.expose):
             argv += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
     argv += ["--bind", str(spec.workspace), str(WORKSPACE)]
     inputs = spec.workspace / "inputs"
