@@ -59,15 +59,22 @@ def read_capped(path: str | Path, limit: int, dir_fd: int | None = None) -> byte
         size = os.fstat(fd).st_size
         if size > limit:
             raise UnsafeFileError(f"{path}: {size} bytes, more than the {limit} allowed")
-        chunks, total = [], 0
-        while chunk := os.read(fd, min(1 << 20, limit + 1 - total)):
-            chunks.append(chunk)
-            total += len(chunk)
-            if total > limit:  # grew after fstat
-                raise UnsafeFileError(f"{path}: more than the {limit} bytes allowed")
-        return b"".join(chunks)
+        data = _read_bounded(fd, limit)
+        if data is None:  # grew after fstat
+            raise UnsafeFileError(f"{path}: more than the {limit} bytes allowed")
+        return data
     finally:
         os.close(fd)
+
+
+def _read_bounded(fd: int, limit: int) -> bytes | None:
+    """All of ``fd``, or None once it holds more than ``limit`` bytes (reading stops one
+    byte past the bound, whatever the file claims its size is)."""
+    chunks, total = [], 0
+    while total <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - total))):
+        chunks.append(chunk)
+        total += len(chunk)
+    return None if total > limit else b"".join(chunks)
 
 
 def read_regular(path: str | Path, max_bytes: int) -> bytes:
@@ -87,18 +94,12 @@ def read_regular(path: str | Path, max_bytes: int) -> bytes:
             raise ValueError(f"{kind}; expected a regular file")
         if info.st_size > max_bytes:
             raise ValueError(f"file is {info.st_size} bytes; at most {max_bytes}")
-        chunks, size = [], 0
-        while size <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - size))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
+        data = _read_bounded(fd, max_bytes)
     finally:
         os.close(fd)
-    if size > max_bytes:
+    if data is None:
         raise ValueError(f"file grew past {max_bytes} bytes while being read")
-    return b"".join(chunks)
+    return data
 
 
 def fsync_dir(path: str | Path) -> None:
