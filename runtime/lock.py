@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import InUseError
+from .errors import InUseError, UsageError
 
 
 def lock_path(directory: Path) -> Path:
@@ -27,7 +27,11 @@ def hold(directory: Path, what: str) -> Iterator[None]:
     """Hold ``directory``'s lock, or raise ``InUseError`` naming the live holder's pid."""
     path = lock_path(directory)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # a link planted in its place, a read-only file system
+        raise UsageError(f"{path}: cannot open the lock of {what} ({exc.strerror}); "
+                         "it must be a regular file the runtime can write") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -101,7 +101,7 @@ def _crash_after_attempt_started(event: Any) -> None:
         raise _Crash
 
 
-def _crashed_single_node_run(tmp_path: Path) -> Path:
+def _crashed_single_node_run(tmp_path: Path, **settings: Any) -> Path:
     """A one-node run whose process 'died' right after its first attempt started."""
     from runtime.run import Hooks
 
@@ -112,7 +112,8 @@ def _crashed_single_node_run(tmp_path: Path) -> Path:
     topo["agents"] = python_agents("write_all")
     topo["defaults"] = {"agent": "write_all", "max_attempts": 1}
     with pytest.raises(_Crash):
-        run_topology(project, topo, hooks=Hooks(after_append=_crash_after_attempt_started))
+        run_topology(project, topo, hooks=Hooks(after_append=_crash_after_attempt_started),
+                     **settings)
     return project.artifacts / "runs" / "test-run"
 
 
@@ -313,18 +314,9 @@ def test_resume_keeps_the_operator_prompt_and_refuses_an_edited_one(tmp_path: Pa
     """The ledger records only the operator prompt's digest; the text is kept in the run
     directory, so attempts after a resume get the same trusted text."""
     from runtime.errors import PlanIntegrityError
-    from runtime.run import Hooks
 
-    project = Project(tmp_path / "proj")
-    project.root.mkdir()
-    project.template("task.md.j2", "Task.\n")
-    topo = make_topology({"a": []})
-    topo["agents"] = python_agents("write_all")
-    topo["defaults"] = {"agent": "write_all", "max_attempts": 1}
-    with pytest.raises(_Crash):
-        run_topology(project, topo, hooks=Hooks(after_append=_crash_after_attempt_started),
-                     operator_prompt="Scope: staging only. Token tk-123.")
-    run_dir = project.artifacts / "runs" / "test-run"
+    run_dir = _crashed_single_node_run(tmp_path,
+                                       operator_prompt="Scope: staging only. Token tk-123.")
     ledger = (run_dir / "ledger.jsonl").read_text()
     assert "tk-123" not in ledger and "operator_prompt_digest" in ledger
     edited = run_dir / "operator-prompt.md"
@@ -348,3 +340,20 @@ def test_resume_of_a_finished_run_refreshes_a_stale_state_json(tmp_path: Path) -
     state.write_text(json.dumps(stale))
     assert resume_run(run_dir).status is RunStatus.SUCCEEDED
     assert json.loads(state.read_text())["status"] == "succeeded"
+
+
+def test_a_link_planted_as_the_run_lock_is_refused(tmp_path: Path) -> None:
+    """The lock is opened without following links: a planted symlink is a clear error,
+    not a traceback and not a write through the link."""
+    from runtime.errors import UsageError
+    from runtime.lock import lock_path
+
+    run_dir = _crashed_single_node_run(tmp_path)
+    target = tmp_path / "victim"
+    target.write_text("keep\n")
+    lock = lock_path(run_dir)
+    lock.unlink()
+    lock.symlink_to(target)
+    with pytest.raises(UsageError, match=r"cannot open the lock of run test-run"):
+        resume_run(run_dir)
+    assert target.read_text() == "keep\n"
