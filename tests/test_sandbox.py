@@ -426,15 +426,47 @@ def test_resume_kills_what_a_crashed_runtime_left(crashed_run: tuple[Path, str, 
 def test_kill_leftovers_ignores_a_reused_pid(tmp_path: Path) -> None:
     """A recorded leader whose pid now belongs to another process (another start time)
     names nobody: its session is not killed."""
-    me = procs.stat(os.getpid())
-    assert me is not None
-    (tmp_path / "agent.json").write_text(json.dumps(
-        {"pid": me.sid, "start": 1, "boot_id": procs.boot_id(), "sandboxed": False}))
-    leader = procs.stat(me.sid)
-    if leader is not None:
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        proc = procs.stat(other.pid)
+        assert proc is not None and proc.sid == other.pid
         (tmp_path / "agent.json").write_text(json.dumps(
-            {"pid": me.sid, "start": leader.start + 1, "boot_id": procs.boot_id()}))
-    assert procs.kill_leftovers([tmp_path], "no-such-run") == 0
+            {"pid": other.pid, "start": proc.start + 1, "boot_id": procs.boot_id()}))
+        assert procs.kill_leftovers([tmp_path], "no-such-run") == 0
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def _p(pid: int, ppid: int, sid: int, start: int = 100) -> procs.Proc:
+    return procs.Proc(pid=pid, ppid=ppid, sid=sid, start=start, state="S")
+
+
+# A container as /proc shows it from inside: CI's runner (pid 1) leads a session
+# outside the namespace, so its session reads 0; the runtime (50) runs under a shell (20)
+# in session 20; 70 and 71 are a crashed run's agent session; 90 is unrelated.
+_TABLE = [_p(1, 0, 0), _p(20, 1, 0), _p(50, 20, 20), _p(70, 1, 70, 500), _p(71, 70, 70, 600),
+          _p(90, 1, 0)]
+
+
+@pytest.mark.parametrize(("sessions", "carriers", "expect"), [
+    ({70: 500}, set(), [70, 71]),             # the recorded leader and its session
+    ({70: 499}, set(), []),                   # pid 70 reused by another process
+    ({71: 600}, set(), [71]),                 # a leader alone in a dead session
+    ({0: 1}, set(), []),                      # forged: session 0 is everyone's here
+    ({1: 1}, set(), []),                      # forged: init
+    ({20: 1}, set(), []),                     # forged: the runtime's own session
+    ({50: 1}, set(), []),                     # forged: the runtime itself
+    ({-1: 1}, set(), []),
+    ({}, {71}, [71]),                         # carries the run id
+    ({}, {1, 20, 50}, []),                    # never init, an ancestor or the runtime
+])
+def test_leftovers_never_names_the_runtime_its_ancestors_or_session_zero(
+        sessions: dict[int, int], carriers: set[int], expect: list[int]) -> None:
+    doomed = procs.leftovers(_TABLE, sessions, me=50, my_sid=20,
+                             carries=lambda pid: pid in carriers)
+    assert [p.pid for p in doomed] == expect
 
 
 # --- the real CLIs, not logged in --------------------------------------------------

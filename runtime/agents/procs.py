@@ -32,7 +32,7 @@ import select
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,7 +216,7 @@ def kill_leftovers(attempt_dirs: Iterable[Path], run_id: str) -> int:
     """Kill what a crashed runtime left running for these attempts: each recorded leader
     still alive (same pid, start time and boot), its session, and any process whose
     environment carries ``RUNTIME_RUN_ID=<run_id>``. Returns how many were killed."""
-    boot, me = boot_id(), os.getpid()
+    boot = boot_id()
     sessions: dict[int, int] = {}  # leader pid -> its start time
     for d in attempt_dirs:
         try:
@@ -227,14 +227,9 @@ def kill_leftovers(attempt_dirs: Iterable[Path], run_id: str) -> int:
             continue
     marker = f"RUNTIME_RUN_ID={run_id}".encode()
     procs = table()
-    alive = {p.pid: p for p in procs}
-    # A pid is not handed out again while a process still has it as its session id:
-    # so members of session L are the leader's, unless a process L now exists with
-    # another start time (the whole session died and the number was reused).
-    sessions = {pid: start for pid, start in sessions.items()
-                if pid not in alive or alive[pid].start == start}
-    doomed = [p for p in procs if p.pid != me and (
-        (p.sid in sessions and p.start >= sessions[p.sid]) or _carries(p.pid, marker))]
+    doomed = leftovers(procs, sessions, me=os.getpid(), my_sid=os.getsid(0),
+                       carries=lambda pid: _carries(pid, marker))
+    me = os.getpid()
     for p in doomed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p.pid, signal.SIGKILL)
@@ -243,6 +238,33 @@ def kill_leftovers(attempt_dirs: Iterable[Path], run_id: str) -> int:
         if p.ppid == me:  # re-parented to us (we are a subreaper): reap it
             _reap(p.pid, timeout=0)
     return len(doomed)
+
+
+def leftovers(procs: list[Proc], sessions: dict[int, int], *, me: int, my_sid: int,
+              carries: Callable[[int], bool]) -> list[Proc]:
+    """Which of ``procs`` a crashed run left behind (pure, so it is tested on made-up
+    process tables: a wrong answer here kills the host's processes).
+
+    ``sessions`` maps recorded leader pids to their start times. ``agent.json`` is
+    agent-reachable when the agent runs unsandboxed, so a record is never trusted to
+    name this process, its ancestors, its own session, pid 0 or 1, or session 0 (which
+    is how /proc shows a session whose leader lives outside this PID namespace: every
+    process of a container can carry it)."""
+    alive = {p.pid: p for p in procs}
+    spared = {me}
+    pid = alive[me].ppid if me in alive else 0
+    while pid > 1 and pid not in spared:  # ancestors: the shell, CI, the terminal
+        spared.add(pid)
+        pid = alive[pid].ppid if pid in alive else 0
+    # A pid is not handed out again while a process still has it as its session id:
+    # so members of session L are the leader's, unless a process L now exists with
+    # another start time (the whole session died and the number was reused).
+    sessions = {pid: start for pid, start in sessions.items()
+                if pid > 1 and pid != my_sid and pid not in spared
+                and (pid not in alive or alive[pid].start == start)}
+    return [p for p in procs if p.pid > 1 and p.pid not in spared and p.sid != my_sid and (
+        (p.sid in sessions and p.start >= sessions[p.sid])
+        or sessions.get(p.pid) == p.start or carries(p.pid))]
 
 
 def _carries(pid: int, marker: bytes) -> bool:
