@@ -10,6 +10,7 @@ input is ``digest_mismatch``, any other exception a ``launch_error`` naming it; 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -174,6 +175,10 @@ class Attempt:
 
     def _write_context(self, ctx: AttemptContext) -> None:
         data = (ctx.model_dump_json(indent=2) + "\n").encode()
+        if not self._started:  # the directory was just claimed: create in place
+            with contextlib.suppress(FileExistsError):  # (a failed first try: replace)
+                write_read_only(self.dir / "attempt.json", data)
+                return
         replace_atomically(self.dir / "attempt.json", data)
 
     def _start(self, *, prompt_digest: str, preamble: str | None) -> None:
@@ -205,7 +210,8 @@ class Attempt:
         site = LocalSite(
             workspace=ws.absolute(), attempt_dir=self.dir.absolute(),
             prompt_file=(self.dir / "prompt.md").absolute(), env=self._env(ws),
-            stdout=stdout, stderr=stderr, cancel=self.ctx.cancel)
+            stdout=stdout, stderr=stderr, cancel=self.ctx.cancel,
+            leader_log=self.ctx.layout.leaders.absolute())
         try:
             outcome = self.ctx.engine.run(request, site)
             deliver(outcome, site)
@@ -274,21 +280,22 @@ class Attempt:
 
     def _classify(self, exit_: AgentExit, stderr: BoundedCapture, timeout: float,
                   ) -> tuple[FailureClass | None, str]:
-        tail = self._error_tail(stderr)
         if exit_.launch_error is not None:
             return FailureClass.LAUNCH_ERROR, exit_.launch_error
         if exit_.cancelled:
             return FailureClass.CANCELLED, "cancelled by the operator"
         if exit_.timed_out:
+            tail = self._error_tail(stderr)
             return FailureClass.AGENT_TIMEOUT, f"timed out after {timeout:g} s\n{tail}".strip()
         if exit_.failure is not None:  # the adapter recognised the agent's own reason
             head = exit_.summary or exit_.reported_error or f"exit status {exit_.exit_code}"
-            return exit_.failure, f"{head}\n{tail}".strip()
+            return exit_.failure, f"{head}\n{self._error_tail(stderr)}".strip()
         if exit_.exit_code != 0:
+            tail = self._error_tail(stderr)
             return FailureClass.AGENT_EXIT, f"exit status {exit_.exit_code}\n{tail}".strip()
         if exit_.reported_error is not None:
             return FailureClass.CONTRADICTORY_COMPLETION, exit_.reported_error
-        return None, ""
+        return None, ""  # success: stderr is not read (redacting it costs ~1 ms)
 
     def _finish(self, failure: FailureClass | None, exit_code: int | None, error: str,
                 acceptance: AcceptanceSummary, out_bytes: int, err_bytes: int,

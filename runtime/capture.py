@@ -2,7 +2,9 @@
 
 An agent that writes 1 GB must not grow the runtime's memory or the log file beyond
 ``head + tail`` bytes. The head goes to the file as it arrives; the tail is a bounded
-buffer written at close, after a marker that says how many bytes were dropped.
+buffer written at close, after a marker that says how many bytes were dropped. The file
+is created at the first byte: an agent that prints nothing leaves no log (creating files
+is a large share of a short attempt's cost).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ class BoundedCapture:
     def __init__(self, path: Path, head: int = DEFAULT_HEAD, tail: int = DEFAULT_TAIL) -> None:
         self.path = path
         self._head_max, self._tail_max = head, tail
-        self._file: IO[bytes] = path.open("wb")
+        self._file: IO[bytes] | None = None
         self._head = bytearray()
         self._tail = bytearray()
         self.total = 0
@@ -35,9 +37,11 @@ class BoundedCapture:
         with self._lock:
             self.total += len(data)
             room = self._head_max - len(self._head)
-            if room > 0:
+            if room > 0 and data:
                 part = data[:room]
                 self._head += part
+                if self._file is None:
+                    self._file = self.path.open("wb")
                 self._file.write(part)
                 data = data[room:]
             if data:
@@ -51,11 +55,22 @@ class BoundedCapture:
         with self._lock:
             if self._closed:
                 return
+            self._closed = True
+            if self._file is None and not self._tail:
+                return  # nothing was written: no file
+            if self._file is None:  # head 0: only a tail
+                self._file = self.path.open("wb")
             if self.dropped:
                 self._file.write(f"\n[... {self.dropped} bytes dropped ...]\n".encode())
             self._file.write(self._tail)
             self._file.close()
-            self._closed = True
+
+    def contents(self) -> bytes:
+        """What the log file holds (after ``close``): empty when nothing was written."""
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            return b""
 
     @property
     def head(self) -> bytes:

@@ -95,6 +95,7 @@ class LocalSite:
     stdout: BoundedCapture
     stderr: BoundedCapture
     cancel: threading.Event
+    leader_log: Path | None = None  # the run's leaders.jsonl (procs.kill_leftovers)
 
 
 class Engine(Protocol):
@@ -107,13 +108,14 @@ class Engine(Protocol):
 
 def invocation(request: AgentRequest, *, prompt_file: Path, workspace: Path,
                attempt_dir: Path, env: Mapping[str, str], stdout: BoundedCapture,
-               stderr: BoundedCapture, cancel: threading.Event) -> Invocation:
+               stderr: BoundedCapture, cancel: threading.Event,
+               leader_log: Path | None = None) -> Invocation:
     return Invocation(
         run_id=request.run_id, node=request.node, attempt=request.attempt,
         max_attempts=request.max_attempts, prompt=request.prompt.decode("utf-8"),
         prompt_file=prompt_file, workspace=workspace, timeout_s=request.timeout_s, env=env,
         artifacts=request.artifacts, stdout=stdout, stderr=stderr, cancel=cancel,
-        attempt_dir=attempt_dir)
+        attempt_dir=attempt_dir, leader_log=leader_log)
 
 
 class LocalEngine:
@@ -125,7 +127,7 @@ class LocalEngine:
         started = time.time()
         inv = invocation(request, prompt_file=site.prompt_file, workspace=site.workspace,
                          attempt_dir=site.attempt_dir, env=site.env, stdout=site.stdout,
-                         stderr=site.stderr, cancel=site.cancel)
+                         stderr=site.stderr, cancel=site.cancel, leader_log=site.leader_log)
         exit_ = make_agent(request.profile).run(inv)
         return AgentOutcome(exit=exit_, engine=self.name, host=socket.gethostname(),
                             worker=f"pid {os.getpid()}", started_at=started,

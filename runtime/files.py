@@ -15,7 +15,9 @@ def write_read_only(path: Path, data: bytes) -> None:
     """Create ``path`` (its directory must exist) with mode 0444; never overwrite."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, READ_ONLY)
     try:
-        os.write(fd, data)
+        view = memoryview(data)
+        while view:  # a regular file may take a write in parts (a signal, a full quota)
+            view = view[os.write(fd, view):]
     finally:
         os.close(fd)
 

@@ -79,13 +79,13 @@ def run_on_worker(request: AgentRequest) -> AgentOutcome:
             stdout.close()
             stderr.close()
         artifacts, problems = collect_artifacts(ws, request.artifacts)
-        err = (attempt_dir / "stderr.log").read_bytes()
+        err = stderr.contents()
         if problems:
             err += ("\n" + "\n".join(problems) + "\n").encode()
         return AgentOutcome(
             exit=exit_, engine=NAME, host=socket.gethostname(), worker=_node_id(),
             started_at=started, finished_at=time.time(), stdout_total=stdout.total,
-            stderr_total=stderr.total, stdout=(attempt_dir / "stdout.log").read_bytes(),
+            stderr_total=stderr.total, stdout=stdout.contents(),
             stderr=err, artifacts=artifacts)
 
 

@@ -315,6 +315,8 @@ class Redactor:
 
     def redact(self, text: str) -> str:
         """Replace every recognised credential in ``text``."""
+        if not text.strip():  # most attempts succeed silently: skip ~300 pattern probes
+            return text
         for value in self.literals:
             text = text.replace(value, "[REDACTED:literal]")
         for (kind, pattern), anchor in zip(_KEYS, _KEY_ANCHORS, strict=True):

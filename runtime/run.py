@@ -11,21 +11,20 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .agents.procs import kill_leftovers
+from .agents.procs import AGENT_RECORD, kill_leftovers
 from .agents.sandbox import require_bubblewrap, sandboxed_profiles
 from .context import AttemptBudget, RunContext
 from .digest import blake3_hex
 from .engine import Engine, LocalEngine
 from .errors import LedgerError, PlanIntegrityError, UsageError
 from .failures import FailureClass, NodeStatus, RunStatus
-from .files import READ_ONLY, fsync_dir, read_capped, write_read_only
+from .files import fsync_dir, read_capped, write_read_only
 from .ledger import (
     AttemptFinished,
     Event,
@@ -132,14 +131,17 @@ def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes,
     staged = RunLayout(tmp)
     write_read_only(staged.plan_json, raw)
     (tmp / "nodes").mkdir()
+    prompts: dict[str, bytes] = {}
     for nid, node in manifest.nodes.items():
         # Explicit mkdirs, no parents=True probing: metadata operations are the cost.
         staged.node_dir(nid).mkdir()
         staged.workspace(nid).mkdir()
         (staged.node_dir(nid) / "attempts").mkdir()
-        dst = staged.prompt_rendered(nid)
-        shutil.copyfile(plan_dir / PROMPTS_DIR / f"{node.prompt_digest}.md", dst)
-        os.chmod(dst, READ_ONLY)
+        if node.prompt_digest not in prompts:  # identical prompts share one plan file
+            prompts[node.prompt_digest] = (
+                plan_dir / PROMPTS_DIR / f"{node.prompt_digest}.md").read_bytes()
+        # Created read-only in one call: a copy and a chmod cost two metadata updates.
+        write_read_only(staged.prompt_rendered(nid), prompts[node.prompt_digest])
     if operator_prompt is not None:
         write_read_only(staged.operator_prompt, operator_prompt.encode())
     fd = os.open(staged.ledger, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -211,8 +213,9 @@ def _continue(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None,
     layout = RunLayout(run_dir)
     # A crashed runtime's agents may still be running (unsandboxed ones survive it):
     # nothing may write the workspaces once the next attempts start.
-    kill_leftovers([layout.attempt_dir(nid, a.attempt) for nid, ns in state.nodes.items()
-                    for a in ns.attempts], state.run_id)
+    kill_leftovers([layout.leaders, *(layout.attempt_dir(nid, a.attempt) / AGENT_RECORD
+                                      for nid, ns in state.nodes.items()
+                                      for a in ns.attempts)], state.run_id)
     retried = [nid for nid, ns in state.nodes.items()
                if ns.status in (NodeStatus.FAILED, NodeStatus.SKIPPED)] if retry else []
     finished = state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED)

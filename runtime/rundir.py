@@ -48,6 +48,12 @@ class RunLayout:
     def state(self) -> Path:
         return self.root / "state.json"
 
+    @property
+    def leaders(self) -> Path:
+        """Every started agent's leader (pid, start time, boot): a resume after a crash
+        kills what is left of them (``agents/procs.py``)."""
+        return self.root / "leaders.jsonl"
+
     def node_dir(self, node: str) -> Path:
         return self.root / "nodes" / node
 

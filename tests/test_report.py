@@ -126,9 +126,15 @@ def test_run_report_is_escaped_complete_and_linked(run_dir: Path, project: Proje
     _check_no_host_path(html, project.root)
     hrefs = dom.attr("a", "href")
     assert _check_links(dom, run_dir / "report.html") > 20
-    for name in ("prompt.md", "stdout.log", "stderr.log", "attempt.json"):
+    for name in ("prompt.md", "attempt.json"):
         for n in (1, 2):
             assert f"nodes/b/attempts/{n}/{name}" in hrefs
+    # Logs exist only when the agent wrote to them: linked exactly when they exist.
+    logs = [f"nodes/{nid}/attempts/{n}/{name}" for nid in ("a", "b", "d")
+            for n in (1, 2) for name in ("stdout.log", "stderr.log")]
+    assert [log for log in logs if log in hrefs] == [
+        log for log in logs if (run_dir / log).is_file()]
+    assert any(log in hrefs for log in logs)
     assert "nodes/scan/workspace/scan.sarif" in hrefs and "nodes/a/workspace/a.json" in hrefs
     assert "nodes/d/workspace/d.json" not in hrefs  # d failed: nothing was accepted
     # A skipped node says why instead of drawing an empty attempts table.

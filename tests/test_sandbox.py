@@ -387,9 +387,9 @@ def crashed_run(project: Project, request: pytest.FixtureRequest) -> Iterator[
         tuple[Path, str, bool]]:
     """A runtime (a separate process) killed with SIGKILL while its agent hangs, having
     left a detached child behind."""
-    sandboxed: bool = request.param
+    sandboxed, mode = request.param
     token = f"hostile-{secrets.token_hex(8)}"
-    topo = _topo(["sh", str(HOSTILE / "detach.sh"), token, "hang"], sandboxed=sandboxed)
+    topo = _topo(["sh", str(HOSTILE / "detach.sh"), token, mode], sandboxed=sandboxed)
     topo["defaults"]["max_attempts"] = 2
     project.write_topology(yaml.safe_dump(topo))
     run_id = f"crash-{secrets.token_hex(4)}"
@@ -409,8 +409,10 @@ def crashed_run(project: Project, request: pytest.FixtureRequest) -> Iterator[
             os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("crashed_run", [True, False], indirect=True)
+@pytest.mark.parametrize("crashed_run", [(True, "hang"), (False, "hang"),
+                                         (False, "hang-clean")], indirect=True)
 def test_resume_kills_what_a_crashed_runtime_left(crashed_run: tuple[Path, str, bool]) -> None:
+    """hang-clean: the leader dropped RUNTIME_RUN_ID, only leaders.jsonl names it."""
     run_dir, token, sandboxed = crashed_run
     if sandboxed:  # --die-with-parent: the sandbox dies with the runtime
         _wait_for(lambda: not _alive_with(token), "the sandbox to die with the runtime")
@@ -421,6 +423,9 @@ def test_resume_kills_what_a_crashed_runtime_left(crashed_run: tuple[Path, str, 
     assert [a.outcome for a in result.state.nodes["a"].attempts] == [FailureClass.LOST,
                                                                      "succeeded"]
     assert _alive_with(token) == []
+    leaders = [json.loads(line) for line in (run_dir / "leaders.jsonl").read_text().splitlines()]
+    assert [(r["node"], r["attempt"], r["sandboxed"]) for r in leaders] == [
+        ("a", 1, sandboxed), ("a", 2, sandboxed)]
 
 
 def test_kill_leftovers_ignores_a_reused_pid(tmp_path: Path) -> None:
@@ -430,9 +435,9 @@ def test_kill_leftovers_ignores_a_reused_pid(tmp_path: Path) -> None:
     try:
         proc = procs.stat(other.pid)
         assert proc is not None and proc.sid == other.pid
-        (tmp_path / "agent.json").write_text(json.dumps(
+        (tmp_path / "leaders.jsonl").write_text(json.dumps(
             {"pid": other.pid, "start": proc.start + 1, "boot_id": procs.boot_id()}))
-        assert procs.kill_leftovers([tmp_path], "no-such-run") == 0
+        assert procs.kill_leftovers([tmp_path / "leaders.jsonl"], "no-such-run") == 0
         assert other.poll() is None
     finally:
         other.kill()

@@ -45,6 +45,9 @@ class Invocation:
     # The attempt's directory in the run (``attempt.json`` lives there): adapters that
     # start processes record them there for a resume after a crash. None outside a run.
     attempt_dir: Path | None = None
+    # The run's leaders log: adapters that start processes append each leader to it, so a
+    # resume after a crash can kill what is left. None outside a run (or on a worker).
+    leader_log: Path | None = None
 
 
 @dataclass(frozen=True)

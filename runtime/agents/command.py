@@ -120,9 +120,10 @@ class CommandAgent:
         except OSError as exc:
             return AgentExit(launch_error=f"{self.profile.argv[0]}: {exc.strerror or exc}")
         leader = procs.stat(proc.pid)
-        if inv.attempt_dir is not None and leader is not None:
-            procs.record_leader(inv.attempt_dir, proc.pid, leader.start,
-                                sandboxed=self.profile.sandbox is not False)
+        if inv.leader_log is not None and leader is not None:
+            procs.record_leader(inv.leader_log, proc.pid, leader.start,
+                                sandboxed=self.profile.sandbox is not False, node=inv.node,
+                                attempt=inv.attempt)
         stdin_data = inv.prompt.encode() if proc.stdin is not None else None
         ended = False
 

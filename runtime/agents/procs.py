@@ -14,11 +14,13 @@ leader belongs to that attempt. One that left every session (``setsid``) cannot 
 attributed: it is killed when any attempt that started before it ends. With the
 sandbox, the agent's PID namespace holds all of that, and its death kills them.
 
-After a crash (``kill -9`` of the runtime) each started attempt's ``agent.json``
-(written in the attempt directory, which a sandboxed agent cannot see) names the
-leader's pid, start time and the boot it ran in; ``kill_leftovers`` kills that leader,
-everything in its session, and every process still carrying the run's id in its
-environment, before ``resume`` starts anything.
+After a crash (``kill -9`` of the runtime) the run's ``leaders.jsonl`` (one line per
+started agent, appended to one file rather than a file per attempt, since creating files
+is most of a short attempt's cost; outside every workspace, so a sandboxed agent cannot
+see it) names each leader's pid, start time and the boot it ran in; ``kill_leftovers``
+kills those leaders, everything in their sessions, and every process still carrying the
+run's id in its environment, before ``resume`` starts anything. (Runs from before kept
+one ``agent.json`` per attempt, in the same one-line format; resume reads those too.)
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ log = logging.getLogger(__name__)
 
 PR_SET_CHILD_SUBREAPER = 36
 SMALL_RANGE = 32  # up to this many pids since the leader: probe each, no /proc listing
-AGENT_RECORD = "agent.json"
+AGENT_RECORD = "agent.json"  # one per attempt, written by runtimes before leaders.jsonl
 _lock = threading.Lock()
 # Held while launching an agent until its leader is registered, and while a cleanup
 # scans and kills: a leader forked but not yet registered would look like an orphan.
@@ -204,27 +206,39 @@ def boot_id() -> str:
         return ""
 
 
-def record_leader(attempt_dir: Path, pid: int, start: int, sandboxed: bool) -> None:
-    """Write ``agent.json``: enough for a later ``resume`` to find this leader."""
-    data = {"schema_version": 1, "pid": pid, "start": start, "boot_id": boot_id(),
-            "sandboxed": sandboxed}
+def record_leader(log_path: Path, pid: int, start: int, sandboxed: bool, *,
+                  node: str = "", attempt: int = 0) -> None:
+    """Append this leader to the run's leaders log: enough for a later ``resume`` to find
+    it. One ``write`` on an O_APPEND descriptor: concurrent attempts never interleave."""
+    line = json.dumps({"schema_version": 1, "node": node, "attempt": attempt, "pid": pid,
+                       "start": start, "boot_id": boot_id(), "sandboxed": sandboxed})
     with contextlib.suppress(OSError):
-        (attempt_dir / AGENT_RECORD).write_text(json.dumps(data) + "\n")
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
 
 
-def kill_leftovers(attempt_dirs: Iterable[Path], run_id: str) -> int:
-    """Kill what a crashed runtime left running for these attempts: each recorded leader
-    still alive (same pid, start time and boot), its session, and any process whose
-    environment carries ``RUNTIME_RUN_ID=<run_id>``. Returns how many were killed."""
+def kill_leftovers(records: Iterable[Path], run_id: str) -> int:
+    """Kill what a crashed runtime left running: each leader named in ``records`` (files of
+    one JSON object per line) still alive (same pid, start time and boot), its session,
+    and any process whose environment carries ``RUNTIME_RUN_ID=<run_id>``. Returns how
+    many were killed."""
     boot = boot_id()
     sessions: dict[int, int] = {}  # leader pid -> its start time
-    for d in attempt_dirs:
+    for path in records:
         try:
-            rec = json.loads((d / AGENT_RECORD).read_text())
-            if rec.get("boot_id") == boot:
-                sessions[int(rec["pid"])] = int(rec["start"])
-        except (OSError, ValueError, KeyError, TypeError):
+            lines = path.read_bytes().splitlines()
+        except OSError:
             continue
+        for raw in lines:
+            try:
+                rec = json.loads(raw)
+                if rec.get("boot_id") == boot:
+                    sessions[int(rec["pid"])] = int(rec["start"])
+            except (ValueError, KeyError, TypeError, AttributeError):
+                continue
     marker = f"RUNTIME_RUN_ID={run_id}".encode()
     procs = table()
     doomed = leftovers(procs, sessions, me=os.getpid(), my_sid=os.getsid(0),
@@ -245,7 +259,7 @@ def leftovers(procs: list[Proc], sessions: dict[int, int], *, me: int, my_sid: i
     """Which of ``procs`` a crashed run left behind (pure, so it is tested on made-up
     process tables: a wrong answer here kills the host's processes).
 
-    ``sessions`` maps recorded leader pids to their start times. ``agent.json`` is
+    ``sessions`` maps recorded leader pids to their start times. The leaders log is
     agent-reachable when the agent runs unsandboxed, so a record is never trusted to
     name this process, its ancestors, its own session, pid 0 or 1, or session 0 (which
     is how /proc shows a session whose leader lives outside this PID namespace: every
