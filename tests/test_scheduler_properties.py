@@ -3,17 +3,19 @@
 Each example is a random DAG (edges only from a lower to a higher index, so it is
 acyclic), a per-node script of what each attempt does (succeed, fail with a non-zero
 exit, fail the artifact contract, be lost under a dying worker), a per-node
-``max_attempts`` and a ``--jobs``. The run goes through the real executor, scheduler,
-attempt and ledger; only the engine is scripted, and it still runs the real ``python``
-agents of ``tests.agent_scripts`` in process. Everything asserted is read back from
-``ledger.jsonl`` and folded with the runtime's own read side (``load_run``).
+``max_attempts``, a ``--jobs`` and sometimes a ``--max-total-attempts``. The run goes
+through the real executor, scheduler, attempt and ledger; only the engine is scripted,
+and it still runs the real ``python`` agents of ``tests.agent_scripts`` in process.
+Everything asserted is read back from ``ledger.jsonl`` and folded with the runtime's
+own read side (``load_run``).
 
 The properties, besides an exact oracle of each node's fate:
 - every node ends in exactly one terminal event;
 - no node's first ``attempt.started`` comes before ``node.succeeded`` of every need;
-- a skipped node names a failed (or skipped-because-of-failed) ancestor and never ran;
+- a skipped node never ran, and names a failed (or skipped-because-of-failed) ancestor,
+  or the chain ends at a node the spent run budget kept from starting;
 - the run succeeded iff every node did, and ``run.finished`` is the last event;
-- charged attempts never exceed ``max_attempts``.
+- charged attempts never exceed ``max_attempts``, nor all attempts the run budget.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ class Case:
     edges: frozenset[tuple[int, int]]
     scripts: tuple[Script, ...]
     jobs: int
+    budget: int | None  # --max-total-attempts
 
     def needs(self, j: int) -> list[str]:
         return [_nid(i) for i in range(j) if (i, j) in self.edges]
@@ -137,7 +140,8 @@ def cases(draw: st.DrawFn) -> Case:
     pairs = [(i, j) for j in range(n) for i in range(j)]
     # Sparse-ish (each edge 1 in 4): wide DAGs with parallel branches, and some chains.
     edges = frozenset(p for p in pairs if draw(st.booleans()) and draw(st.booleans()))
-    return Case(n, edges, tuple(draw(scripts()) for _ in range(n)), draw(st.integers(1, 3)))
+    return Case(n, edges, tuple(draw(scripts()) for _ in range(n)), draw(st.integers(1, 3)),
+                draw(st.one_of(st.none(), st.none(), st.integers(1, 8))))
 
 
 def expected_fate(script: Script) -> tuple[NodeStatus, int, FailureClass | None]:
@@ -196,12 +200,15 @@ def test_scheduler_invariants_hold_on_random_dags(case: Case) -> None:
         project = Project(Path(tmp))
         project.template("task.md.j2", DEFAULT_TEMPLATE)
         result = run_topology(project, _topology(case), jobs=case.jobs,
-                              hooks=Hooks(engine=_engine(case)))
+                              max_total_attempts=case.budget, hooks=Hooks(engine=_engine(case)))
         events, state = _read_back(result.run_dir)
     assert result.state == state  # what the run returned is what its ledger folds to
     assert sum(isinstance(e, RunStarted) for e in events) == 1
     check_invariants(case, events, state)
-    # Uninterrupted, each node that ran did exactly what its script and max_attempts say.
+    # Uninterrupted, each node that ran did exactly what its script and max_attempts say
+    # (unless the run budget refused an attempt: then it stopped early).
+    if case.budget is not None and state.attempts_used >= case.budget:
+        return
     dag = _dag(case)
     for j, script in enumerate(case.scripts):
         node = state.nodes[_nid(j)]
@@ -224,7 +231,7 @@ def test_invariants_hold_after_a_crash_anywhere_and_a_resume(
         project = Project(Path(tmp))
         project.template("task.md.j2", DEFAULT_TEMPLATE)
         result = run_topology(project, _topology(case), jobs=case.jobs,
-                              hooks=Hooks(engine=_engine(case)))
+                              max_total_attempts=case.budget, hooks=Hooks(engine=_engine(case)))
         ledger = result.run_dir / "ledger.jsonl"
         lines = ledger.read_bytes().splitlines(keepends=True)
         k = 1 + int(where * (len(lines) - 1))  # keep run.started, lose run.finished
@@ -273,7 +280,7 @@ def check_invariants(case: Case, events: list[Event], state: RunState) -> None:
             assert first_start[nid] < end.seq
         if isinstance(end, NodeSkipped):
             assert not node.attempts and nid not in first_start
-            _assert_blocked_by_failure(nid, end, state, dag)
+            _assert_blocked(nid, end, state, case)
         if isinstance(end, NodeSucceeded):
             last = node.attempts[-1]
             assert last.outcome == "succeeded" and end.artifacts == last.artifacts
@@ -287,28 +294,32 @@ def check_invariants(case: Case, events: list[Event], state: RunState) -> None:
     finished = [(e.node, e.attempt) for e in events if isinstance(e, AttemptFinished)]
     assert sorted(started) == sorted(finished) and len(set(started)) == len(started)
     assert len(started) == state.attempts_used
+    assert case.budget is None or state.attempts_used <= case.budget
 
 
 def _outcome(step: Step) -> str:
     return "succeeded" if step == "ok" else FAILS.get(step, FailureClass.LOST)
 
 
-def _assert_blocked_by_failure(nid: str, end: NodeSkipped, state: RunState,
-                               dag: nx.DiGraph[str]) -> None:
-    """The skip names an ancestor that failed, or that was itself skipped because of a
-    failed ancestor of its own (followed to the failure)."""
+def _assert_blocked(nid: str, end: NodeSkipped, state: RunState, case: Case) -> None:
+    """The skip names an ancestor that failed, or one that was itself skipped because of
+    a failed ancestor of its own (followed to the failure). Under a run budget the chain
+    may end instead at a node the spent budget kept from starting: its reason says so."""
+    ancestors = nx.ancestors(_dag(case), nid)
     seen = {nid}
-    blocker = end.failed_ancestor
-    while True:
-        assert blocker is not None, f"{nid}: skipped without naming an ancestor"
-        assert blocker in nx.ancestors(dag, nid), f"{nid}: {blocker} is not its ancestor"
+    blocker, reason = end.failed_ancestor, end.reason
+    while blocker is not None:
+        assert blocker in ancestors, f"{nid}: {blocker} is not its ancestor"
         assert blocker not in seen
         seen.add(blocker)
         up = state.nodes[blocker]
         if up.status is NodeStatus.FAILED:
             return
         assert up.status is NodeStatus.SKIPPED, f"{nid}: blocker {blocker} is {up.status}"
-        blocker = up.failed_ancestor
+        blocker, reason = up.failed_ancestor, up.reason or ""
+    assert case.budget is not None and reason.startswith(
+        f"run attempt budget exhausted ({case.budget} attempts)"), (
+        f"{nid}: skipped without a failed ancestor, reason {reason!r}")
 
 
 def test_the_oracle_counts_lost_attempts_as_uncharged() -> None:
