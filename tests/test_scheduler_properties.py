@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,13 +51,14 @@ from runtime.policy import LOST_STREAK_LIMIT
 from runtime.profiles import PythonProfile
 from runtime.redact import Redactor
 from runtime.run import Hooks, load_run, resume_run
-from tests.conftest import DEFAULT_TEMPLATE, Project, make_topology, python_agents, run_topology
+from tests.conftest import DEFAULT_TEMPLATE, Project, make_topology, run_topology
 
 Step = Literal["ok", "exit", "contract", "lost"]
 # What each scripted step runs: a real python agent, or (lost) no agent at all.
 AGENT_FOR: dict[str, str] = {"ok": "write_all", "exit": "always_exit_2", "contract": "nothing"}
 FAILS = {"exit": FailureClass.AGENT_EXIT, "contract": FailureClass.ARTIFACT_CONTRACT}
 TERMINAL = (NodeSucceeded, NodeFailed, NodeSkipped)
+PRIMARY, FALLBACKS = "primary", ("backup1", "backup2")
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,12 @@ class Script:
     steps: tuple[Step, ...]
     tail: Literal["ok", "exit"]
     max_attempts: int
+    fallbacks: int = 0  # how many of FALLBACKS the node lists, one attempt each
+    feedback: bool = False  # retry_feedback: a repeated failure ends the profile
+
+    @property
+    def profiles(self) -> tuple[str, ...]:
+        return (PRIMARY, *FALLBACKS[:self.fallbacks])
 
     def step(self, attempt: int) -> Step:
         return self.steps[attempt - 1] if attempt <= len(self.steps) else self.tail
@@ -131,7 +139,8 @@ def scripts(draw: st.DrawFn) -> Script:
     elif kind == "mixed":
         steps = tuple(draw(st.lists(st.sampled_from(STEPS), max_size=5)))
         tail = draw(st.sampled_from(["ok", "exit"]))
-    return Script(steps, tail, draw(st.integers(1, 4)))
+    return Script(steps, tail, draw(st.integers(1, 4)), fallbacks=draw(st.integers(0, 2)),
+                  feedback=draw(st.booleans()))
 
 
 @st.composite
@@ -144,33 +153,51 @@ def cases(draw: st.DrawFn) -> Case:
                 draw(st.one_of(st.none(), st.none(), st.integers(1, 8))))
 
 
-def expected_fate(script: Script) -> tuple[NodeStatus, int, FailureClass | None]:
-    """Status, attempt count and failure class of a node whose needs all succeeded:
-    a lost attempt is retried uncharged until LOST_STREAK_LIMIT in a row; a failure in
-    the default retry_on is retried until max_attempts are charged."""
-    charged = lost = attempt = 0
+@dataclass(frozen=True)
+class Fate:
+    status: NodeStatus
+    failure: FailureClass | None
+    profiles: tuple[str, ...]  # the profile of each attempt, in order
+
+
+def expected_fate(script: Script) -> Fate:
+    """What a node whose needs all succeeded does. A lost attempt is retried uncharged
+    until LOST_STREAK_LIMIT in a row. A failure (both scripted classes are in the default
+    retry_on) is retried on the same profile until its allowance is charged (max_attempts
+    on the primary, one on each fallback) or, with retry_feedback, until the same failure
+    repeats; then the next fallback takes over, and past the last one the node fails."""
+    index, lost, used = 0, 0, []
+    on_profile: list[Step] = []  # charged failures on the current profile
     while True:
-        attempt += 1
-        step = script.step(attempt)
+        used.append(script.profiles[index])
+        step = script.step(len(used))
         if step == "ok":
-            return NodeStatus.SUCCEEDED, attempt, None
+            return Fate(NodeStatus.SUCCEEDED, None, tuple(used))
         if step == "lost":
             lost += 1
             if lost >= LOST_STREAK_LIMIT:
-                return NodeStatus.FAILED, attempt, FailureClass.LOST
+                return Fate(NodeStatus.FAILED, FailureClass.LOST, tuple(used))
             continue
         lost = 0
-        charged += 1
-        if charged >= script.max_attempts:
-            return NodeStatus.FAILED, attempt, FAILS[step]
+        on_profile.append(step)
+        allowance = script.max_attempts if index == 0 else 1
+        repeated = script.feedback and on_profile[-2:] == [step, step]
+        if repeated or len(on_profile) >= allowance:
+            index, on_profile = index + 1, []
+            if index == len(script.profiles):
+                return Fate(NodeStatus.FAILED, FAILS[step], tuple(used))
 
 
 def _topology(case: Case) -> dict[str, Any]:
     topo = make_topology({_nid(j): case.needs(j) for j in range(case.n)})
     for node, script in zip(topo["nodes"], case.scripts, strict=True):
-        node["max_attempts"] = script.max_attempts
-    topo["agents"] = python_agents("write_all")
-    topo["defaults"] = {"agent": "write_all"}
+        node.update(max_attempts=script.max_attempts, retry_feedback=script.feedback,
+                    fallback=list(script.profiles[1:]))
+    # The engine picks each attempt's agent from the script; the profiles only differ
+    # in name, which is what fallback is about.
+    topo["agents"] = {p: {"kind": "python", "target": "tests.agent_scripts:write_all"}
+                      for p in (PRIMARY, *FALLBACKS)}
+    topo["defaults"] = {"agent": PRIMARY}
     return topo
 
 
@@ -192,7 +219,7 @@ def _read_back(run_dir: Path) -> tuple[list[Event], RunState]:
     return events, state
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+@settings(max_examples=30, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_scheduler_invariants_hold_on_random_dags(case: Case) -> None:
@@ -214,13 +241,15 @@ def test_scheduler_invariants_hold_on_random_dags(case: Case) -> None:
         node = state.nodes[_nid(j)]
         if node.status is NodeStatus.SKIPPED:
             continue
-        assert (node.status, len(node.attempts), node.failure) == expected_fate(script)
+        fate = expected_fate(script)
+        assert (node.status, node.failure) == (fate.status, fate.failure)
+        assert tuple(a.profile for a in node.attempts) == fate.profiles
         assert [a.outcome for a in node.attempts] == [
             _outcome(script.step(a.attempt)) for a in node.attempts]
         assert all(state.nodes[u].status is NodeStatus.SUCCEEDED for u in dag.pred[_nid(j)])
 
 
-@settings(max_examples=20, deadline=None, derandomize=True, database=None,
+@settings(max_examples=15, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(cases(), st.floats(0, 1, exclude_max=True), st.booleans())
 def test_invariants_hold_after_a_crash_anywhere_and_a_resume(
@@ -271,7 +300,12 @@ def check_invariants(case: Case, events: list[Event], state: RunState) -> None:
         node = state.nodes[nid]
         assert node.status.is_terminal() and node.status.value == end.event.split(".")[1]
         assert all(a.outcome is not None for a in node.attempts)  # none left unfinished
-        assert charged_attempts(node.attempts) <= case.scripts[j].max_attempts
+        script = case.scripts[j]
+        for profile, allowance in zip(script.profiles, (script.max_attempts, 1, 1),
+                                      strict=False):
+            on_profile = [a for a in node.attempts if a.profile == profile]
+            assert charged_attempts(on_profile) <= allowance, f"{nid} on {profile}"
+        assert {a.profile for a in node.attempts} <= set(script.profiles)
         if nid in first_start:
             for need in dag.pred[nid]:
                 assert need in succeeded_at and succeeded_at[need] < first_start[nid], (
@@ -322,12 +356,24 @@ def _assert_blocked(nid: str, end: NodeSkipped, state: RunState, case: Case) -> 
         f"{nid}: skipped without a failed ancestor, reason {reason!r}")
 
 
-def test_the_oracle_counts_lost_attempts_as_uncharged() -> None:
-    """The model the property compares against, on the cases it must get right."""
-    assert expected_fate(Script(("lost", "lost", "ok"), "exit", 1)) == (
-        NodeStatus.SUCCEEDED, 3, None)
-    assert expected_fate(Script(("lost",) * 3, "ok", 4)) == (
-        NodeStatus.FAILED, 3, FailureClass.LOST)
-    assert expected_fate(Script(("exit", "lost", "contract"), "ok", 2)) == (
-        NodeStatus.FAILED, 3, FailureClass.ARTIFACT_CONTRACT)
-    assert expected_fate(Script((), "exit", 3)) == (NodeStatus.FAILED, 3, FailureClass.AGENT_EXIT)
+@pytest.mark.parametrize(("script", "fate"), [
+    (Script(("lost", "lost", "ok"), "exit", 1),
+     Fate(NodeStatus.SUCCEEDED, None, ("primary",) * 3)),
+    (Script(("lost",) * 3, "ok", 4), Fate(NodeStatus.FAILED, FailureClass.LOST, ("primary",) * 3)),
+    (Script(("exit", "lost", "contract"), "ok", 2),
+     Fate(NodeStatus.FAILED, FailureClass.ARTIFACT_CONTRACT, ("primary",) * 3)),
+    (Script((), "exit", 3), Fate(NodeStatus.FAILED, FailureClass.AGENT_EXIT, ("primary",) * 3)),
+    (Script(("exit",), "ok", 1, fallbacks=1),
+     Fate(NodeStatus.SUCCEEDED, None, ("primary", "backup1"))),
+    (Script(("exit", "exit", "exit"), "ok", 4, fallbacks=2, feedback=True),
+     Fate(NodeStatus.SUCCEEDED, None, ("primary", "primary", "backup1", "backup2"))),
+    (Script(("exit", "contract", "exit"), "ok", 3, feedback=True),
+     Fate(NodeStatus.FAILED, FailureClass.AGENT_EXIT, ("primary",) * 3)),
+    (Script(("exit", "lost", "lost", "exit"), "ok", 1, fallbacks=1),
+     Fate(NodeStatus.FAILED, FailureClass.AGENT_EXIT, ("primary", "backup1", "backup1",
+                                                       "backup1"))),
+], ids=["lost-uncharged", "lost-streak", "charged-only", "fail-always", "fallback",
+        "feedback-repeat-ends-profile", "feedback-no-repeat", "lost-on-fallback"])
+def test_the_oracle(script: Script, fate: Fate) -> None:
+    """The model the property compares against, on cases worked out by hand."""
+    assert expected_fate(script) == fate
