@@ -1,6 +1,8 @@
-"""One attempt, start to finish: check the prompt digest, prepare the workspace,
-assemble the prompt (with the retry preamble when due), invoke the agent, classify the
-evidence, and record ``attempt.json`` and the ledger events.
+"""One attempt, start to finish.
+
+Check the prompt digest, prepare the workspace, assemble the prompt (with the retry preamble
+when due), invoke the agent, classify the evidence, and record ``attempt.json`` and the
+ledger events.
 
 An attempt receives a frozen ``AttemptSpec`` and returns the ``AttemptRecord`` it wrote.
 Whatever goes wrong inside it stays inside it: a missing or unreadable plan prompt or
@@ -47,8 +49,11 @@ FATAL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 
 
 def summarize(redactor: Redactor, hint: str | None, error: str) -> str:
-    """One line a user can act on: the adapter's reading of the agent's own reason when
-    it has one, else the error's first non-empty line. Redacted and bounded."""
+    """One redacted, bounded line a user can act on.
+
+    The adapter's reading of the agent's own reason when it has one, else the error's first
+    non-empty line. Redacted and bounded.
+    """
     source = hint or next((ln for ln in error.splitlines() if ln.strip()), "")
     line = " ".join(source.split())
     return redactor.clean(line, SUMMARY_LIMIT) if line else ""
@@ -241,8 +246,11 @@ class Attempt:
                             outcome.stdout_total, outcome.stderr_total, digests)
 
     def _inputs(self, ws: Path) -> tuple[InputFile, ...]:
-        """The placed inputs, as bytes with digests, for an engine that runs elsewhere
-        (the local engine reads them in place; they are read here only for others)."""
+        """Read the placed inputs with their digests, for an engine that runs elsewhere.
+
+        The placed inputs, as bytes with digests, for an engine that runs elsewhere (the
+        local engine reads them in place; they are read here only for others).
+        """
         if self.ctx.engine.name == LOCAL:
             return ()
         out = []
@@ -265,9 +273,11 @@ class Attempt:
         }
 
     def _error_tail(self, stderr: BoundedCapture) -> str:
-        """The last ERROR_LIMIT characters of stderr, redacted before they are bounded: a
-        window twice as wide goes through the redactor first, so a multi-line key whose
-        BEGIN line falls just outside the tail is still recognised and removed."""
+        """The last ERROR_LIMIT characters of stderr, redacted before they are bounded.
+
+        A window twice as wide goes through the redactor first, so a multi-line key whose
+        BEGIN line falls just outside the tail is still recognised and removed.
+        """
         # Lines echoing the prompt (codex prints it whole) are dropped first, or they
         # would fill the budget with trusted text inside the untrusted block (issue 10).
         wide = error_tail(stderr, self._prompt_text, 2 * ERROR_LIMIT)

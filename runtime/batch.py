@@ -307,8 +307,11 @@ def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
 
 
 def _relative_paths(summary: BatchSummary, root: Path) -> BatchSummary:
-    """summary.json names files relative to the artifacts root: no host path in a record,
-    and the artifacts tree can be moved or uploaded whole (runs are found by run id)."""
+    """summary.json names files relative to the artifacts root.
+
+    No host path in a record, and the artifacts tree can be moved or uploaded whole (runs
+    are found by run id).
+    """
     def rel(path: str | None) -> str | None:
         if path is None or not os.path.isabs(path):
             return path
@@ -322,8 +325,11 @@ def _relative_paths(summary: BatchSummary, root: Path) -> BatchSummary:
 
 
 def rewrite_summary(batch_dir: Path) -> BatchSummary:
-    """Re-read every run of a batch (after ``runtime retry``) and write its summary,
-    findings.sarif and report again; entries without a run (invalid) stay as they were."""
+    """Rebuild a batch's summary, findings.sarif and report from its runs (after ``runtime retry``).
+
+    Re-read every run of a batch (after ``runtime retry``) and write its summary,
+    findings.sarif and report again; entries without a run (invalid) stay as they were.
+    """
     from .report import render_batch_report
     from .run import load_run
 

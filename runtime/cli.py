@@ -249,8 +249,11 @@ def _deadline_at(seconds: float | None) -> float | None:
 
 
 def _check_output_paths(args: argparse.Namespace) -> None:
-    """``--artifacts`` must be (or become) a directory, ``--golden-out`` a file; checked
-    before anything is written (issue 9: both were tracebacks, after a plan was written)."""
+    """``--artifacts`` must be (or become) a directory, ``--golden-out`` a file.
+
+    Checked before anything is written (issue 9: both were tracebacks, after a plan was
+    written).
+    """
     _check_path("--artifacts", args.artifacts, want_dir=True)
     golden_out = getattr(args, "golden_out", None)
     if golden_out is not None:
@@ -522,8 +525,10 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 def _retry_batch(args: argparse.Namespace, batch_dir: Path, request: Any, redactor: Any,
                  deadline_at: float | None) -> int:
-    """Every run of the batch that did not succeed, one after another, under the batch's
-    lock; the summary, findings.sarif and report are then written again from all runs."""
+    """Every run of the batch that did not succeed, one after another, under the batch's lock.
+
+    The summary, findings.sarif and report are then written again from all runs.
+    """
     from .batch import BatchSummary, rewrite_summary
     from .lock import hold
     from .run import retry_run
@@ -601,10 +606,11 @@ def _read_text(path: Path) -> str:
 
 
 def _redactor(args: argparse.Namespace) -> Any:
-    """Literals to redact come from files and RUNTIME_REDACT, never from argv: the
-    runtime's command line is readable by every process on the machine, agents
-    included (/proc/<pid>/cmdline)."""
+    """Literals to redact come from files and RUNTIME_REDACT, never from argv.
 
+    The runtime's command line is readable by every process on the machine, agents included
+    (/proc/<pid>/cmdline).
+    """
     if args.redact:
         raise UsageError("--redact VALUE would put the secret in the runtime's command line, "
                          "which every process on the machine can read; write the literals "
@@ -625,11 +631,13 @@ def _env_redactor(declared: list[str]) -> Any:
 
 @contextmanager
 def _cancel_on_signals() -> Iterator[threading.Event]:
-    """While a run is in progress, SIGINT (Ctrl-C) and SIGTERM set its cancel event: the
-    scheduler stops launching, agents are terminated, attempts recorded ``cancelled``.
-    Raising KeyboardInterrupt instead would land wherever the main thread happens to
-    be, for example inside a ledger append. A second Ctrl-C stops at once. The previous
-    handlers come back when the run is over."""
+    """While a run is in progress, SIGINT (Ctrl-C) and SIGTERM set its cancel event.
+
+    The scheduler stops launching, agents are terminated, attempts recorded ``cancelled``.
+    Raising KeyboardInterrupt instead would land wherever the main thread happens to be, for
+    example inside a ledger append. A second Ctrl-C stops at once. The previous handlers
+    come back when the run is over.
+    """
     cancel = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -658,8 +666,11 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
 
 
 def _hooks(cancel: Any, args: argparse.Namespace) -> Any:
-    """The run's hooks: cancellation, the engine, and one stderr line per node event as
-    it happens (CI logs show progress; --json keeps stderr quiet for machines)."""
+    """Build the run's hooks: cancellation, the engine, and per-node progress lines on stderr.
+
+    The run's hooks: cancellation, the engine, and one stderr line per node event as it
+    happens (CI logs show progress; --json keeps stderr quiet for machines).
+    """
     from .run import Hooks
 
     printer = None if getattr(args, "json", False) else _print_event

@@ -1,5 +1,8 @@
-"""What every attempt of a run shares (RunContext, the attempt budget), what one attempt
-is handed (AttemptSpec), and what a node's attempts come to (NodeOutcome)."""
+"""Run-wide shared state, the per-attempt spec, and a node's final outcome.
+
+What every attempt of a run shares (RunContext, the attempt budget), what one attempt is
+handed (AttemptSpec), and what a node's attempts come to (NodeOutcome).
+"""
 
 from __future__ import annotations
 
@@ -57,8 +60,11 @@ class RunContext:
     accepted: dict[str, dict[str, str] | None] = field(default_factory=dict)
 
     def accepted_inputs(self, node_id: str) -> dict[str, dict[str, str]]:
-        """Each upstream's accepted artifacts, as recorded when it succeeded (a run
-        recorded before digests existed: its declared paths, with no digest)."""
+        """Give each upstream's accepted artifacts and digests, as recorded when it succeeded.
+
+        Each upstream's accepted artifacts, as recorded when it succeeded (a run recorded
+        before digests existed: its declared paths, with no digest).
+        """
         out = {}
         for up in self.manifest.nodes[node_id].needs:
             recorded = self.accepted.get(up)

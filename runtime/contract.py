@@ -36,8 +36,11 @@ _MESSAGE_LIMIT = 240
 
 
 class AcceptanceSummary(BaseModel):
-    """Per attempt: artifact checks that held, that failed, and free-text acceptance
-    items no machine check covers."""
+    """Per attempt: which artifact checks held, which failed, and what no machine check covers.
+
+    Per attempt: artifact checks that held, that failed, and free-text acceptance items no
+    machine check covers.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -115,9 +118,11 @@ def _sarif_validator() -> Draft4Validator:
 
 
 def sarif_errors(value: Any) -> list[str]:
-    """Every way ``value`` fails the SARIF 2.1.0 schema, first by document position;
-    each names where in the document (a JSON pointer), what is wrong, and the schema
-    rule it breaks. Empty when valid."""
+    """Every way ``value`` fails the SARIF 2.1.0 schema, first by document position.
+
+    Each names where in the document (a JSON pointer), what is wrong, and the schema rule it
+    breaks. Empty when valid.
+    """
     errors = sorted(_sarif_validator().iter_errors(value),
                     key=lambda e: ([str(p) for p in e.absolute_path],
                                    [str(p) for p in e.absolute_schema_path]))
@@ -133,9 +138,12 @@ def sarif_errors(value: Any) -> list[str]:
 
 
 def _schema_pointer(parts: list[Any]) -> str:
-    """The schema rule as a pointer into its named definition (``#/definitions/result/
-    properties/level/enum``) rather than the validator's route through every ``$ref``:
-    that is where a reader of the SARIF specification finds the rule."""
+    """Point at the schema rule by its named definition rather than the validator's ``$ref`` route.
+
+    The schema rule as a pointer into its named definition (``#/definitions/result/
+    properties/level/enum``) rather than the validator's route through every ``$ref``: that
+    is where a reader of the SARIF specification finds the rule.
+    """
     node: Any = sarif_schema()
     path: list[str] = []
     for part in parts:

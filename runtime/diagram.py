@@ -176,7 +176,9 @@ def _before(centre: Callable[[str], float], hop: Callable[[str, str], str], n: s
 
 
 def _curve(x1: float, y1: float, x2: float, y2: float) -> str:
-    """A cubic from the right side of one column to the left side of the next: both
-    control points lie between them, so the curve stays inside the gap."""
+    """A cubic from the right side of one column to the left side of the next.
+
+    Both control points lie between them, so the curve stays inside the gap.
+    """
     mid = (x1 + x2) / 2
     return f"C{mid:g} {y1:g} {mid:g} {y2:g} {x2:g} {y2:g}"

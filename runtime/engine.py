@@ -65,8 +65,11 @@ class AgentRequest:
 
 @dataclass(frozen=True)
 class AgentOutcome:
-    """What an engine observed. ``lost``: the worker died under the attempt (the exit
-    evidence is then empty, and the attempt is recorded ``lost``, uncharged)."""
+    """What an engine observed of one attempt.
+
+    ``lost``: the worker died under the attempt (the exit evidence is then empty, and the
+    attempt is recorded ``lost``, uncharged).
+    """
 
     exit: AgentExit
     engine: str
@@ -85,8 +88,11 @@ class AgentOutcome:
 
 @dataclass(frozen=True)
 class LocalSite:
-    """The driver's side of one attempt: its workspace, captures and cancel event, and
-    the RUNTIME_* variables pointing at them. Never shipped to a remote worker."""
+    """The driver's side of one attempt, never shipped to a remote worker.
+
+    Its workspace, captures and cancel event, and the RUNTIME_* variables pointing at them.
+    Never shipped to a remote worker.
+    """
 
     workspace: Path
     attempt_dir: Path
@@ -137,9 +143,10 @@ class LocalEngine:
 
 def deliver(outcome: AgentOutcome, site: LocalSite) -> None:
     """Write what a remote engine brought back into the driver's captures and workspace.
+
     Artifact paths are the node's declared ones (validated relative paths); a file the
-    workspace already has there (an input) is not overwritten, and links are never
-    followed."""
+    workspace already has there (an input) is not overwritten, and links are never followed.
+    """
     if outcome.stdout:
         site.stdout.write(outcome.stdout)
     if outcome.stderr:
@@ -155,9 +162,12 @@ def deliver(outcome: AgentOutcome, site: LocalSite) -> None:
 
 def collect_artifacts(workspace: Path, specs: tuple[ArtifactSpec, ...],
                       ) -> tuple[dict[str, bytes], list[str]]:
-    """The declared artifacts present in a worker's workspace, each read without
-    following links and at most its ``max_bytes`` + 1 (so the driver's contract check
-    still sees an oversize file as oversize); problems name the path."""
+    """Collect the declared artifacts present in a worker's workspace, bounded and link-free.
+
+    The declared artifacts present in a worker's workspace, each read without following
+    links and at most its ``max_bytes`` + 1 (so the driver's contract check still sees an
+    oversize file as oversize); problems name the path.
+    """
     out: dict[str, bytes] = {}
     problems: list[str] = []
     for spec in specs:

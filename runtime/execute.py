@@ -112,8 +112,10 @@ class NodeExecutor:
         return NodeOutcome(status, stop.failure, stop.detail, count)
 
     def _prior_failures(self) -> list[PriorFailure]:
-        """Distinct prior failures, newest first, deduplicated by fingerprint; all from
-        the ledger (an agent can write attempt.json, never the ledger)."""
+        """Distinct prior failures, newest first, deduplicated by fingerprint.
+
+        All from the ledger (an agent can write attempt.json, never the ledger).
+        """
         seen: set[str] = set()
         out = []
         for rec in reversed(self.history):

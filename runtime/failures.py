@@ -31,14 +31,20 @@ class FailureClass(StrEnum):
         return self is not FailureClass.DIGEST_MISMATCH
 
     def is_charged(self) -> bool:
-        """Lost and cancelled attempts say nothing about the work, and a rate-limited one
-        waits within its own allowance: none counts against the node's ``max_attempts``
-        (each counts against the run budget)."""
+        """Whether an attempt of this class counts against the node's ``max_attempts``.
+
+        Lost and cancelled attempts say nothing about the work, and a rate-limited one waits
+        within its own allowance: none counts against the node's ``max_attempts`` (each
+        counts against the run budget).
+        """
         return self not in (FailureClass.LOST, FailureClass.CANCELLED, FailureClass.RATE_LIMITED)
 
     def ends_profile(self) -> bool:
-        """Never retried on the same profile: the node moves to its next fallback at once
-        (a missing binary or a rejected key fails identically every time)."""
+        """Never retried on the same profile.
+
+        The node moves to its next fallback at once (a missing binary or a rejected key
+        fails identically every time).
+        """
         return self in (FailureClass.LAUNCH_ERROR, FailureClass.AGENT_AUTH,
                         FailureClass.AGENT_UNREACHABLE, FailureClass.AGENT_REJECTED)
 

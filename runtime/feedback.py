@@ -35,8 +35,11 @@ def encode_block(data: Any) -> str:
 
 
 def fingerprint(failure: FailureClass, error: str) -> str:
-    """Identity of a failure across attempts: its class and its error text with numbers,
-    hex runs and white space normalised (timings and addresses differ between runs)."""
+    """A failure's identity across attempts, stable under changing numbers and addresses.
+
+    Its class and its error text with numbers, hex runs and white space normalised (timings
+    and addresses differ between runs).
+    """
     norm = re.sub(r"[0-9a-f]{7,}", "#", error.lower())
     norm = re.sub(r"\d+", "0", norm)
     norm = " ".join(norm.split())

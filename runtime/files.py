@@ -1,5 +1,8 @@
-"""The two ways the runtime writes files (once and read-only, or replaced atomically),
-and the one check that a path from a topology or an agent stays inside its root."""
+"""How the runtime writes files, and the check that a path stays inside its root.
+
+The two ways the runtime writes files (once and read-only, or replaced atomically), and the
+one check that a path from a topology or an agent stays inside its root.
+"""
 
 from __future__ import annotations
 
@@ -23,16 +26,22 @@ def write_read_only(path: Path, data: bytes) -> None:
 
 
 def replace_atomically(path: Path, data: bytes) -> None:
-    """Write a sibling, then rename it over ``path``: readers see the old or the new
-    file, never half of one. The temporary name is unique per process and thread."""
+    """Write a sibling, then rename it over ``path``.
+
+    Readers see the old or the new file, never half of one. The temporary name is unique per
+    process and thread.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
 
 
 def within(root: str | Path, path: str | Path) -> str | None:
-    """The real path of ``path`` (a relative one is taken from ``root``) when it resolves
-    inside ``root``'s real path; None otherwise. Symlinks and ``..`` cannot escape."""
+    """Resolve ``path`` inside ``root``, or None when it would escape.
+
+    The real path of ``path`` (a relative one is taken from ``root``) when it resolves
+    inside ``root``'s real path; None otherwise. Symlinks and ``..`` cannot escape.
+    """
     real_root = os.path.realpath(root)
     real = os.path.realpath(os.path.join(real_root, path))
     return real if os.path.commonpath([real, real_root]) == real_root else None
@@ -43,8 +52,10 @@ class UnsafeFileError(OSError):
 
 
 def open_no_follow(path: str | Path, dir_fd: int | None = None) -> int:
-    """Open a regular file read-only without following a symlink in its last component;
-    refuse FIFOs, devices and directories (an agent may plant any of them)."""
+    """Open a regular file read-only without following a symlink in its last component.
+
+    Refuse FIFOs, devices and directories (an agent may plant any of them).
+    """
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                  dir_fd=dir_fd)
     st = os.fstat(fd)
@@ -70,8 +81,11 @@ def read_capped(path: str | Path, limit: int, dir_fd: int | None = None) -> byte
 
 
 def _read_bounded(fd: int, limit: int) -> bytes | None:
-    """All of ``fd``, or None once it holds more than ``limit`` bytes (reading stops one
-    byte past the bound, whatever the file claims its size is)."""
+    """Read all of ``fd``, or None once it holds more than ``limit`` bytes.
+
+    All of ``fd``, or None once it holds more than ``limit`` bytes (reading stops one byte
+    past the bound, whatever the file claims its size is).
+    """
     chunks, total = [], 0
     while total <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - total))):
         chunks.append(chunk)

@@ -147,8 +147,11 @@ def resolve_target(target: str, artifacts: Path) -> tuple[Literal["run", "batch"
 
 
 def batch_run_dirs(batch_dir: Path) -> list[Path]:
-    """The run directories of a batch, in summary order. Located by run id under the
-    batch's own artifacts root, so a batch moved with its artifacts still resolves."""
+    """The run directories of a batch, in summary order.
+
+    Located by run id under the batch's own artifacts root, so a batch moved with its
+    artifacts still resolves.
+    """
     try:
         summary = json.loads((batch_dir / "summary.json").read_bytes())
     except (OSError, ValueError) as exc:
@@ -224,9 +227,12 @@ def _read_artifact(run_dir: Path, manifest: Manifest, run: tuple[str, str], nid:
                    attempt: int,
                    profile: str, spec: ArtifactSpec, accepted: str | None,
                    ) -> tuple[dict[str, Any] | None, Source | None, str | None]:
-    """Read one accepted artifact. ``accepted`` is the digest node.succeeded recorded
-    (None in runs recorded before it did): bytes that differ were changed after the
-    contract accepted them (a later process, a sibling agent) and are not merged."""
+    """Read one accepted artifact.
+
+    ``accepted`` is the digest node.succeeded recorded (None in runs recorded before it
+    did): bytes that differ were changed after the contract accepted them (a later process,
+    a sibling agent) and are not merged.
+    """
     workspace = run_dir / "nodes" / nid / "workspace"
     real = within(workspace, spec.path)
     # The same rule as the artifact contract: resolved inside the workspace, a regular file.
@@ -262,8 +268,11 @@ def _read_artifact(run_dir: Path, manifest: Manifest, run: tuple[str, str], nid:
 
 def _node_run(topology: str, nid: str, inputs: list[tuple[dict[str, Any], Source]],
               notes: list[str]) -> tuple[dict[str, Any], list[Finding]]:
-    """One output run for a node: the input runs' rules and artifacts concatenated (equal
-    entries shared, indexes remapped), every result with provenance and fingerprint."""
+    """Merge a node's input SARIF runs into one output run.
+
+    The input runs' rules and artifacts concatenated (equal entries shared, indexes
+    remapped), every result with provenance and fingerprint.
+    """
     driver: dict[str, Any] = {}
     rules: list[Any] = []
     artifacts: list[Any] = []
@@ -300,8 +309,11 @@ def _node_run(topology: str, nid: str, inputs: list[tuple[dict[str, Any], Source
 
 
 def _share(pool: list[Any], items: list[Any]) -> list[int]:
-    """Append ``items`` to ``pool`` (equal entries shared: SARIF asks rules and artifacts
-    to be unique); return each item's new index."""
+    """Append ``items`` to ``pool`` without duplicates; return each item's index in the pool.
+
+    Append ``items`` to ``pool`` (equal entries shared: SARIF asks rules and artifacts to be
+    unique); return each item's new index.
+    """
     mapping = []
     for item in items:
         if item in pool:

@@ -175,8 +175,11 @@ class Ledger:
         return self._notify(stamped)
 
     def _write_line(self, line: bytes) -> None:
-        """Write one whole line or nothing: a short write (disk full mid-line) is
-        completed or cut back, so the next append never lands after half a line."""
+        """Write one whole line or nothing.
+
+        A short write (disk full mid-line) is completed or cut back, so the next append
+        never lands after half a line.
+        """
         start = os.lseek(self._fd, 0, os.SEEK_END)
         done = 0
         try:
@@ -335,9 +338,11 @@ class Folder:
         self.finished = False
 
     def apply(self, ev: Event) -> None:
-        """Fold one event, refusing one that no runtime could have written in this order:
-        an agent that can write the ledger must not be able to forge an outcome (a
-        ``node.succeeded`` with no succeeded attempt, an attempt after success)."""
+        """Fold one event, refusing one that no runtime could have written in this order.
+
+        An agent that can write the ledger must not be able to forge an outcome (a
+        ``node.succeeded`` with no succeeded attempt, an attempt after success).
+        """
         problem = self._invalid(ev)
         if problem:
             raise LedgerError("ledger.jsonl", f"seq {ev.seq} ({ev.event}): {problem}; the "

@@ -89,7 +89,9 @@ class Manifest(_Frozen):
 
     def dag(self) -> nx.DiGraph[str]:
         """The node graph (edges upstream -> downstream), for the scheduler and reports.
-        networkx is imported here, not at module level: planning does not need it."""
+
+        Networkx is imported here, not at module level: planning does not need it.
+        """
         import networkx as nx
 
         graph: nx.DiGraph[str] = nx.DiGraph()
@@ -243,8 +245,11 @@ def render_limits(topo: Topology) -> RenderLimits:
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Planning allocates millions of small acyclic objects; the cyclic collector's
-    repeated full passes over them made 100k-node plans grow superlinearly."""
+    """Pause the cyclic garbage collector while planning.
+
+    Planning allocates millions of small acyclic objects; the cyclic collector's repeated
+    full passes over them made 100k-node plans grow superlinearly.
+    """
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -209,8 +209,11 @@ def _min_wait(last: Past) -> float:
 
 
 def _rate_limit_wait(policy: NodePolicy, history: Sequence[Past], last: Past) -> float:
-    """Exponential wait with full jitter (tenacity's strategy), never below the
-    provider's Retry-After, never past what is left of the node's wait."""
+    """The wait before retrying a rate-limited attempt: jittered, Retry-After honoured, bounded.
+
+    Exponential wait with full jitter (tenacity's strategy), never below the provider's
+    Retry-After, never past what is left of the node's wait.
+    """
     streak = 0
     for p in reversed(history):
         if p.profile != last.profile or p.outcome is not FailureClass.RATE_LIMITED:
@@ -225,9 +228,12 @@ def _rate_limit_wait(policy: NodePolicy, history: Sequence[Past], last: Past) ->
 
 def build_policy(node: PlanNode, overrides: NodeOverrides | None, *, agent: str | None,
                  no_fallback: bool, skip_profiles: Collection[str] = ()) -> NodePolicy:
-    """The node's policy: plan values, then ``--set`` overrides; ``--agent`` replaces
-    every profile, ``--no-fallback`` drops the fallbacks, and profiles that failed
-    pre-flight are left out while another remains."""
+    """Build the node's policy from plan values, overrides and pre-flight results.
+
+    Plan values, then ``--set`` overrides; ``--agent`` replaces every profile,
+    ``--no-fallback`` drops the fallbacks, and profiles that failed pre-flight are left out
+    while another remains.
+    """
     o = overrides or NodeOverrides()
     profiles = (agent,) if agent else (node.agent, *(() if no_fallback else node.fallback))
     usable = tuple(p for p in profiles if p not in skip_profiles)

@@ -190,10 +190,13 @@ def _check_command(name: str, profile: CommandProfile, env: Mapping[str, str]) -
 
 
 def _claude_endpoint(agent_env: Mapping[str, str]) -> str | None:
-    """Can claude reach its API directly, as it will run (the environment allow-list
-    passes a proxy or another provider only when the profile lists it)? None: yes, or
-    it goes another way we do not check. Measured: with a key and no network, claude
-    -p reports ENOTFOUND after about 190 s."""
+    """Tell whether claude can reach its API directly; the endpoint to probe, or None.
+
+    Can claude reach its API directly, as it will run (the environment allow-list passes a
+    proxy or another provider only when the profile lists it)? None: yes, or it goes another
+    way we do not check. Measured: with a key and no network, claude -p reports ENOTFOUND
+    after about 190 s.
+    """
     if any(k.lower().endswith("_proxy") for k in agent_env) or any(
             k.startswith("CLAUDE_CODE_USE_") for k in agent_env):
         return None
@@ -265,8 +268,10 @@ def _fix(kind: AgentKind, profile: CommandProfile, failure: FailureClass | None)
 
 def _call(argv: list[str], env: Mapping[str, str], timeout: float,
           ) -> tuple[int | None, bytes, str]:
-    """Run a check command in an empty directory, its own process group killed on
-    timeout. Exit code None: it did not finish."""
+    """Run a check command in an empty directory, its own process group killed on timeout.
+
+    Exit code None: it did not finish.
+    """
     with tempfile.TemporaryDirectory(prefix="runtime-preflight-") as cwd:
         try:
             proc = subprocess.Popen(argv, cwd=cwd, env=dict(env), stdin=subprocess.DEVNULL,
@@ -292,8 +297,11 @@ def _call(argv: list[str], env: Mapping[str, str], timeout: float,
 
 def decide(manifest: Manifest, settings: RunSettings,
            checks: Mapping[str, ProfileCheck]) -> Decision:
-    """Which profiles a run skips, which nodes start on a fallback, and which nodes
-    have no profile left (problems: the run is refused)."""
+    """Decide which profiles a run skips, where nodes start, and which nodes cannot start.
+
+    Which profiles a run skips, which nodes start on a fallback, and which nodes have no
+    profile left (problems: the run is refused).
+    """
     skip = {n: c.describe() for n, c in checks.items() if not c.ok}
     moved: dict[str, str] = {}
     blocked: dict[str, list[str]] = {}
@@ -314,9 +322,11 @@ def decide(manifest: Manifest, settings: RunSettings,
 
 
 def profile_key(profile: AnyProfile) -> str:
-    """Profiles are checked once per distinct check: what a check reads of a profile
-    (a batch's topologies may share a profile, differ only in its timeout, or give
-    different profiles one name)."""
+    """The identity of a profile's check, so that each distinct check runs once.
+
+    What a check reads of a profile (a batch's topologies may share a profile, differ only
+    in its timeout, or give different profiles one name).
+    """
     data = profile.model_dump(mode="json")
     if isinstance(profile, CommandProfile):
         data = {"program": profile.argv[0], "preflight": profile.preflight, "env": profile.env}
@@ -328,8 +338,10 @@ def profile_key(profile: AnyProfile) -> str:
 def preflight_plans(plans: Mapping[str, tuple[Manifest, RunSettings]], *,
                     env: Mapping[str, str] | None = None, redactor: Redactor | None = None,
                     ) -> tuple[dict[str, Decision], list[ProfileCheck]]:
-    """Check every profile the plans would use, each distinct one once; decide per
-    plan. Returns the decisions by plan key and the checks (with ``used_by``)."""
+    """Check every profile the plans would use, each distinct one once.
+
+    Decide per plan. Returns the decisions by plan key and the checks (with ``used_by``).
+    """
     wanted: dict[str, AnyProfile] = {}
     names: dict[str, str] = {}
     used: dict[str, list[str]] = {}
@@ -354,8 +366,10 @@ def preflight_plans(plans: Mapping[str, tuple[Manifest, RunSettings]], *,
 def preflight_run(manifest: Manifest, settings: RunSettings, *,
                   env: Mapping[str, str] | None = None, redactor: Redactor | None = None,
                   ) -> tuple[RunSettings, Decision]:
-    """Check a run's profiles: refuse (``PreflightError``) or return its settings with
-    the failing profiles to skip."""
+    """Check a run's profiles.
+
+    Refuse (``PreflightError``) or return its settings with the failing profiles to skip.
+    """
     decisions, _ = preflight_plans({"run": (manifest, settings)}, env=env, redactor=redactor)
     decision = decisions["run"]
     if decision.problems:
@@ -365,8 +379,11 @@ def preflight_run(manifest: Manifest, settings: RunSettings, *,
 
 def preflight_batch(plans: Mapping[str, tuple[Manifest, RunSettings]], *,
                     redactor: Redactor | None = None) -> dict[str, Decision]:
-    """A batch's pre-flight: every distinct profile checked once; any topology left with
-    a node that cannot start refuses the whole batch, before anything runs."""
+    """A batch's pre-flight: each distinct profile checked once, the batch refused as a whole.
+
+    Every distinct profile checked once; any topology left with a node that cannot start
+    refuses the whole batch, before anything runs.
+    """
     decisions, _ = preflight_plans(plans, redactor=redactor)
     problems = [f"{plans[key][0].topology.name}: {p}" for key, d in decisions.items()
                 for p in d.problems]
@@ -450,8 +467,11 @@ def checks_json(checks: list[ProfileCheck], decisions: Mapping[str, Decision],
 
 def load_manifests(targets: Iterable[Path], prompts: Path,
                    variables: Mapping[str, str]) -> list[Manifest]:
-    """Topology files, directories of ``*.yaml``, or plan directories, as manifests
-    (planned in memory: the doctor writes nothing)."""
+    """Plan topology files, directories or plan directories into manifests, in memory.
+
+    Topology files, directories of ``*.yaml``, or plan directories, as manifests (planned in
+    memory: the doctor writes nothing).
+    """
     from .plan import PROMPTS_DIR, plan_topology, read_manifest
 
     out: list[Manifest] = []

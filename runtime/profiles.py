@@ -24,8 +24,11 @@ class _Profile(BaseModel):
 
 
 class SandboxSettings(BaseModel):
-    """How a ``command`` agent is contained (bubblewrap). The default ``{}`` sandboxes it
-    with the network allowed; ``sandbox: false`` on the profile opts out."""
+    """How a ``command`` agent is contained (bubblewrap).
+
+    The default ``{}`` sandboxes it with the network allowed; ``sandbox: false`` on the
+    profile opts out.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

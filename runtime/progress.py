@@ -1,6 +1,8 @@
-"""Live batch progress on the terminal (rich): overall and per topology, with attempts
-and retries visible. Only the CLI uses it; the batch itself reports through
-``batch.Progress``."""
+"""Live batch progress on the terminal (rich).
+
+Overall and per topology, with attempts and retries visible. Only the CLI uses it; the batch
+itself reports through ``batch.Progress``.
+"""
 
 from __future__ import annotations
 

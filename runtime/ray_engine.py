@@ -45,8 +45,11 @@ def _ray() -> Any:
 
 
 def run_on_worker(request: AgentRequest) -> AgentOutcome:
-    """The task body: lay the request out in a temporary directory, run the agent, hand
-    back what it left. Runs on a Ray worker (or anywhere: it needs nothing else)."""
+    """The Ray task body: run one attempt's agent in a temporary directory and return its outcome.
+
+    The task body: lay the request out in a temporary directory, run the agent, hand back
+    what it left. Runs on a Ray worker (or anywhere: it needs nothing else).
+    """
     started = time.time()
     with tempfile.TemporaryDirectory(prefix=f"runtime-{request.node}-") as tmp:
         root = Path(tmp)
@@ -90,10 +93,13 @@ def run_on_worker(request: AgentRequest) -> AgentOutcome:
 
 
 def _run_cancellable(request: AgentRequest, inv: Invocation) -> AgentExit:
-    """Run the agent in a thread so that a (non-forced) ``ray.cancel``, which raises
-    KeyboardInterrupt in this task's main thread, reaches the adapter as ``inv.cancel``:
-    the adapter then kills the agent's process tree by its own rules before the task
-    ends (a forced cancel would kill the worker and orphan the tree)."""
+    """Run the agent in a thread so that a ``ray.cancel`` reaches the adapter as ``inv.cancel``.
+
+    Run the agent in a thread so that a (non-forced) ``ray.cancel``, which raises
+    KeyboardInterrupt in this task's main thread, reaches the adapter as ``inv.cancel``: the
+    adapter then kills the agent's process tree by its own rules before the task ends (a
+    forced cancel would kill the worker and orphan the tree).
+    """
     from .agents import make_agent
 
     box: list[AgentExit | BaseException] = []
@@ -129,8 +135,11 @@ def _node_id() -> str:
 
 
 class RayEngine:
-    """Submits each attempt as a Ray task to the cluster at ``address`` (None: start or
-    join a local one, as ``ray.init`` does)."""
+    """An engine that submits each attempt as a Ray task.
+
+    Submits each attempt as a Ray task to the cluster at ``address`` (None: start or join a
+    local one, as ``ray.init`` does).
+    """
 
     name = NAME
 

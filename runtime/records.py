@@ -1,5 +1,8 @@
-"""Records written to disk by a run, besides ledger events: run settings and
-``attempt.json``. Frozen, versioned, ``extra="forbid"`` like every on-disk record."""
+"""Records written to disk by a run, besides ledger events.
+
+Run settings and ``attempt.json``. Frozen, versioned, ``extra="forbid"`` like every on-disk
+record.
+"""
 
 from __future__ import annotations
 
@@ -113,8 +116,11 @@ class AttemptContext(BaseModel):
 
 
 def read_attempt_context(attempt_dir: Path) -> AttemptContext:
-    """``attempts/<n>/attempt.json``; a missing or unreadable file is an error naming it
-    (read without following links, size-capped: an agent may have planted either)."""
+    """Read ``attempts/<n>/attempt.json``, refusing links and oversized files.
+
+    A missing or unreadable file is an error naming it (read without following links,
+    size-capped: an agent may have planted either).
+    """
     path = attempt_dir / "attempt.json"
     try:
         data = read_capped(path, ATTEMPT_JSON_MAX)

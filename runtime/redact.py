@@ -45,8 +45,11 @@ _INVISIBLE = re.compile(
 
 
 def sanitize(text: str) -> str:
-    """Remove ANSI escapes, control characters (except newline and tab) and Unicode
-    format characters (bidi overrides, zero-width joiners), which can disguise text."""
+    """Remove escapes and invisible characters that can disguise text.
+
+    Remove ANSI escapes, control characters (except newline and tab) and Unicode format
+    characters (bidi overrides, zero-width joiners), which can disguise text.
+    """
     return _INVISIBLE.sub("", _ANSI.sub("", text.replace("\r\n", "\n")))
 
 
@@ -83,9 +86,11 @@ _ALTERNATIVES = re.compile(r"\(\?:((?:[^()|\\[\]{}]|\\.)+(?:\|(?:[^()|\\[\]{}]|\
 
 
 def _split(pattern: str) -> list[str]:
-    """``(?:ab|cd)rest`` as ``abrest`` and ``cdrest``: a pattern that starts with a
-    literal is searched for at C speed (sre's literal prefix scan), an alternation is
-    tried at every position, about 30 times slower on log text."""
+    """``(?:ab|cd)rest`` as ``abrest`` and ``cdrest``.
+
+    A pattern that starts with a literal is searched for at C speed (sre's literal prefix
+    scan), an alternation is tried at every position, about 30 times slower on log text.
+    """
     m = _ALTERNATIVES.match(pattern)
     if m is None:
         return [pattern]
@@ -159,8 +164,11 @@ def looks_secret(value: str) -> bool:
 
 
 def _likely_secret(value: str) -> bool:
-    """Stricter than ``looks_secret``, for names such as a bare ``key`` that often hold
-    ordinary words (``key="ClearTextPassword"``, ``sort_key: createdAt``)."""
+    """A stricter ``looks_secret``, for ambiguous names such as a bare ``key``.
+
+    Stricter than ``looks_secret``, for names such as a bare ``key`` that often hold
+    ordinary words (``key="ClearTextPassword"``, ``sort_key: createdAt``).
+    """
     if not looks_secret(value):
         return False
     has_digit = any(c.isdigit() for c in value)
@@ -196,8 +204,11 @@ _SEPARATORS = frozenset(" \t\n\"'`,;&<>")
 
 
 def _secret_name(name: str) -> str | None:
-    """'any' when every value is a secret, 'likely' when only a secret-looking one is,
-    None when the name does not describe a credential."""
+    """Classify a name by how likely its values are credentials.
+
+    'any' when every value is a secret, 'likely' when only a secret-looking one is, None
+    when the name does not describe a credential.
+    """
     words = [w.lower() for w in _WORDS.findall(name)]
     if not words or words[-1] in _NOT_VALUE:
         return None
@@ -300,15 +311,20 @@ def _url_credentials(text: str) -> list[tuple[int, int, str]]:
 
 @dataclass(frozen=True)
 class Redactor:
-    """Redacts secret formats plus literal values: operator-declared ones and those of
-    secret-looking environment variables given to agents."""
+    """Redacts secret formats plus literal values.
+
+    Operator-declared ones and those of secret-looking environment variables given to
+    agents.
+    """
 
     literals: tuple[str, ...] = ()
 
     @classmethod
     def from_environment(cls, env: Mapping[str, str], declared: Iterable[str] = ()) -> Redactor:
-        """Values of variables whose name says secret, except placeholders and paths:
-        ``PWD``/``OLDPWD`` match "pwd" but hold the working directory (issue 10 item 7)."""
+        """Values of variables whose name says secret, except placeholders and paths.
+
+        ``PWD``/``OLDPWD`` match "pwd" but hold the working directory (issue 10 item 7).
+        """
         values = {v for k, v in env.items() if _env_secret(k, v)}
         values |= {v for v in declared if len(v) >= 4}
         return cls(tuple(sorted(values, key=len, reverse=True)))
@@ -372,9 +388,11 @@ def _format_spans(text: str) -> list[tuple[int, int, str]]:
 
 
 def _search(pattern: re.Pattern[str], text: str, anchor: str) -> Iterator[re.Match[str]]:
-    """Matches of a pattern that does not start with a literal: only around each
-    occurrence of its anchor, from the start of the token the anchor is in (a scan of
-    the whole text costs ~20 ns a character)."""
+    """Matches of a pattern that does not start with a literal.
+
+    Only around each occurrence of its anchor, from the start of the token the anchor is in
+    (a scan of the whole text costs ~20 ns a character).
+    """
     if not anchor:
         yield from pattern.finditer(text)
         return

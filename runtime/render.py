@@ -1,5 +1,7 @@
-"""Strict, sandboxed, bounded jinja2 rendering of node prompts with an explicit
-variable allow-list.
+"""Strict, sandboxed, bounded jinja2 rendering of node prompts with a variable allow-list.
+
+Strict, sandboxed, bounded jinja2 rendering of node prompts with an explicit variable
+allow-list.
 
 Templates load only from the prompts root, resolved once to an absolute real path; every
 template, include, import and extends is resolved (symlinks followed) and refused
@@ -80,8 +82,11 @@ def _read_template(real: str, name: str, max_bytes: int) -> str:
 
 
 class _RootedLoader(jinja2.BaseLoader):
-    """Loads templates from one real, absolute root; refuses anything that resolves
-    outside it (``..``, absolute names, symlinks out), non-files and oversized files."""
+    """Loads templates from one real, absolute root.
+
+    Refuses anything that resolves outside it (``..``, absolute names, symlinks out),
+    non-files and oversized files.
+    """
 
     def __init__(self, real_root: str) -> None:
         self.root = real_root
@@ -114,8 +119,11 @@ _SIZED = (str, bytes, list, tuple, dict, set, frozenset)
 
 
 def _size(value: Any) -> int:
-    """Length of a string or container, bytes of an int: what a template could blow up.
-    Called on every attribute and call result, so the common types go first."""
+    """Length of a string or container, bytes of an int.
+
+    What a template could blow up. Called on every attribute and call result, so the common
+    types go first.
+    """
     kind = type(value)
     if kind is str or kind is list or kind is dict or kind is tuple:
         return len(value)
@@ -193,10 +201,12 @@ class _BoundedSandbox(SandboxedEnvironment):
 
     def _precheck(self, name: str, subject: Any, args: tuple[Any, ...],
                   kwargs: dict[str, Any]) -> None:
-        """Refuse calls whose result size is known, before it is built: widths
-        (center, ljust, zfill, indent...), joins, replacements, format widths.
+        """Refuse calls whose result size is known, before it is built.
+
+        Widths (center, ljust, zfill, indent...), joins, replacements, format widths.
         ``subject`` is the string a method is bound to; None for filters and functions,
-        whose subject is their first argument."""
+        whose subject is their first argument.
+        """
         values = list(args) + list(kwargs.values())
         if subject is None and values:
             subject, values = values[0], values[1:]
@@ -232,8 +242,11 @@ class _BoundedSandbox(SandboxedEnvironment):
 
 
 def make_environment(prompts_root: Path) -> SandboxedEnvironment:
-    """The one jinja2 environment planning uses: sandboxed, strict, bounded, no
-    autoescape, loading from the real path of ``prompts_root``."""
+    """The one jinja2 environment planning uses.
+
+    Sandboxed, strict, bounded, no autoescape, loading from the real path of
+    ``prompts_root``.
+    """
     return _BoundedSandbox(_RootedLoader(os.path.realpath(prompts_root)))
 
 
@@ -251,8 +264,11 @@ class Renderer:
         self._checked: set[str] = set()
 
     def check(self, template: str, node: str | None = None) -> None:
-        """Raise TemplateError if ``template`` or anything it includes names a disallowed
-        variable, has a syntax error, or includes a template that cannot be found."""
+        """Raise TemplateError if ``template`` or its includes are not fit to render.
+
+        Raise TemplateError if ``template`` or anything it includes names a disallowed
+        variable, has a syntax error, or includes a template that cannot be found.
+        """
         pending = [template]
         while pending:
             name = pending.pop()
@@ -291,8 +307,11 @@ class Renderer:
                                 node=node) from None
 
     def render(self, template: str, context: Mapping[str, Any], node: str) -> str:
-        """Render ``template`` with ``context`` within ``self.limits``; every failure
-        (jinja2's, the template's own such as ``1/0``, a bound) is a TemplateError."""
+        """Render ``template`` with ``context`` within ``self.limits``.
+
+        Every failure (jinja2's, the template's own such as ``1/0``, a bound) is a
+        TemplateError.
+        """
         self.check(template, node)
         limits = self.limits
         token = WATCHDOG.arm(limits.timeout_s, RENDER_MAX_GROWTH_BYTES)

@@ -218,8 +218,11 @@ def _diff(first: str, later: str) -> list[tuple[str, str]]:
 
 
 def _preamble(prompt: str | None, first: str | None, plan_prompt: str | None) -> str:
-    """Exactly the inserted section: attempt k is attempt 1's head, the preamble, the
-    section separator, then the plan prompt (DESIGN section 6)."""
+    """The retry preamble cut out of attempt k's prompt, or "" when it cannot be isolated.
+
+    Attempt k is attempt 1's head, the preamble, the section separator, then the plan prompt
+    (DESIGN section 6).
+    """
     if not prompt or not first or plan_prompt is None or not first.endswith(plan_prompt):
         return ""
     head = first[: len(first) - len(plan_prompt)]

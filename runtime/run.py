@@ -84,8 +84,11 @@ def check_settings(manifest: Manifest, settings: RunSettings) -> None:
 
 
 def _require_sandbox(manifest: Manifest, settings: RunSettings) -> None:
-    """Issue 8: with bubblewrap missing, a profile that did not opt out of the sandbox
-    refuses to start (exit 2) before any node runs, rather than failing every attempt."""
+    """Refuse a run that needs bubblewrap when bubblewrap is missing.
+
+    Issue 8: with bubblewrap missing, a profile that did not opt out of the sandbox refuses
+    to start (exit 2) before any node runs, rather than failing every attempt.
+    """
     used = {settings.agent} if settings.agent else {
         name for node in manifest.nodes.values()
         for name in [node.agent, *([] if settings.no_fallback else node.fallback)]}
@@ -95,8 +98,11 @@ def _require_sandbox(manifest: Manifest, settings: RunSettings) -> None:
 def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
               run_id: str | None = None, redactor: Redactor | None = None,
               hooks: Hooks | None = None, verified: bool = False) -> RunResult:
-    """Run a plan directory. ``verified``: the caller has just written or verified it
-    (``runtime run TOPOLOGY``); each attempt still checks its prompt's digest."""
+    """Run a plan directory.
+
+    ``verified``: the caller has just written or verified it (``runtime run TOPOLOGY``);
+    each attempt still checks its prompt's digest.
+    """
     problems = [] if verified else verify_plan_dir(plan_dir)
     if problems:
         raise PlanIntegrityError(plan_dir, problems)
@@ -121,9 +127,12 @@ def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
 
 def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes,
             head: RunStarted, operator_prompt: str | None) -> None:
-    """Stage the run directory, its ledger already holding ``run.started``, and rename it
-    into place: a crash at any point leaves either a whole run that ``resume`` continues
-    or no run at all (a stale staging directory is removed by the next start)."""
+    """Stage the run directory with ``run.started`` recorded, then rename it into place.
+
+    Stage the run directory, its ledger already holding ``run.started``, and rename it into
+    place: a crash at any point leaves either a whole run that ``resume`` continues or no
+    run at all (a stale staging directory is removed by the next start).
+    """
     tmp = layout.root.with_name(f".{layout.root.name}.tmp")
     if tmp.exists():  # a start that crashed; we hold the run's lock, so it is dead
         remove_tree(tmp)
@@ -182,8 +191,11 @@ def load_run(run_dir: Path) -> tuple[Manifest, RunState]:
 
 def resume_run(run_dir: Path, *, redactor: Redactor | None = None,
                hooks: Hooks | None = None, deadline_at: float | None = None) -> RunResult:
-    """Continue a run. ``deadline_at`` replaces the run's deadline from here on (the new
-    value is recorded in the resumed ``run.started``)."""
+    """Continue an interrupted run from its ledger.
+
+    Continue a run. ``deadline_at`` replaces the run's deadline from here on (the new value
+    is recorded in the resumed ``run.started``).
+    """
     with hold(run_dir, f"run {run_dir.name}"):
         return _continue(run_dir, redactor, hooks, deadline_at, None)
 
@@ -199,10 +211,13 @@ class RetryRequest:
 
 def retry_run(run_dir: Path, request: RetryRequest, *, redactor: Redactor | None = None,
               hooks: Hooks | None = None, deadline_at: float | None = None) -> RunResult:
-    """Re-run the failed and skipped nodes of a run in place (cancelled ones are pending
-    and run anyway). Succeeded nodes and their artifacts are untouched; attempt numbers
+    """Re-run the failed and skipped nodes of a run in place.
+
+    Re-run the failed and skipped nodes of a run in place (cancelled ones are pending and
+    run anyway). Succeeded nodes and their artifacts are untouched; attempt numbers
     continue; each retried node gets a fresh ``max_attempts`` and the run a fresh budget.
-    The retried nodes and the new settings are recorded in the ledger's ``run.started``."""
+    The retried nodes and the new settings are recorded in the ledger's ``run.started``.
+    """
     with hold(run_dir, f"run {run_dir.name}"):
         return _continue(run_dir, redactor, hooks, deadline_at, request)
 
@@ -257,8 +272,11 @@ def _retry_settings(manifest: Manifest, settings: RunSettings, retry: RetryReque
 
 
 def _with_operator_prompt(layout: RunLayout, settings: RunSettings) -> RunSettings:
-    """The recorded settings with the operator prompt read back from the run directory,
-    checked against the digest run.started recorded."""
+    """Restore the operator prompt into the recorded settings, checked against its digest.
+
+    The recorded settings with the operator prompt read back from the run directory, checked
+    against the digest run.started recorded.
+    """
     digest = settings.operator_prompt_digest
     if digest is None:
         return settings

@@ -1,5 +1,8 @@
-"""The run directory (DESIGN section 5): where each file of a run lives, and the two
-workspace operations done before every attempt (empty it; place upstream inputs)."""
+"""The run directory (DESIGN section 5).
+
+Where each file of a run lives, and the two workspace operations done before every attempt
+(empty it; place upstream inputs).
+"""
 
 from __future__ import annotations
 
@@ -50,8 +53,11 @@ class RunLayout:
 
     @property
     def leaders(self) -> Path:
-        """Every started agent's leader (pid, start time, boot): a resume after a crash
-        kills what is left of them (``agents/procs.py``)."""
+        """The log of every started agent's leader, for killing leftovers after a crash.
+
+        Every started agent's leader (pid, start time, boot): a resume after a crash kills
+        what is left of them (``agents/procs.py``).
+        """
         return self.root / "leaders.jsonl"
 
     def node_dir(self, node: str) -> Path:
@@ -67,10 +73,12 @@ class RunLayout:
         return self.node_dir(node) / "attempts" / str(attempt)
 
     def claim_attempt(self, node: str, at_least: int) -> int:
-        """Create the next attempt directory and return its number: at least
-        ``at_least``, above every number already on disk. A crash can leave a directory
-        whose ``attempt.started`` never reached the ledger; numbers never repeat. Only
-        names of ASCII digits count (an agent may have created ``²`` or ``1e9``)."""
+        """Create the next attempt directory and return its number.
+
+        At least ``at_least``, above every number already on disk. A crash can leave a
+        directory whose ``attempt.started`` never reached the ledger; numbers never repeat.
+        Only names of ASCII digits count (an agent may have created ``²`` or ``1e9``).
+        """
         root = self.node_dir(node) / "attempts"
         root.mkdir(parents=True, exist_ok=True)  # an agent may have removed it
         with os.scandir(root) as entries:
@@ -84,9 +92,11 @@ class RunLayout:
                 number += 1
 
     def reset_workspace(self, node: str) -> Path:
-        """Empty the workspace: a retry must not resume the broken state it left. Works
-        on any tree an agent can leave: deep nesting, read-only directories, symlinks
-        (never followed), FIFOs."""
+        """Empty the workspace.
+
+        A retry must not resume the broken state it left. Works on any tree an agent can
+        leave: deep nesting, read-only directories, symlinks (never followed), FIFOs.
+        """
         ws = self.workspace(node)
         if os.path.islink(ws) or (os.path.lexists(ws) and not os.path.isdir(ws)):
             os.unlink(ws)
@@ -102,10 +112,12 @@ class RunLayout:
         return ws
 
     def place_inputs(self, node: str, upstream: Mapping[str, Mapping[str, str]]) -> list[str]:
-        """Copy each upstream node's accepted artifacts, read-only, to
-        ``workspace/inputs/<upstream>/<path>``, each re-hashed against the digest
-        recorded when the upstream succeeded (an empty digest: recorded by an older
-        runtime, copied unchecked); return the relative paths placed.
+        """Copy each upstream's accepted artifacts into the workspace, re-checking their digests.
+
+        Copy each upstream node's accepted artifacts, read-only, to
+        ``workspace/inputs/<upstream>/<path>``, each re-hashed against the digest recorded
+        when the upstream succeeded (an empty digest: recorded by an older runtime, copied
+        unchecked); return the relative paths placed.
 
         Raises:
             InputMismatch: an artifact is gone or no longer hashes to its record.
@@ -136,8 +148,10 @@ class RunLayout:
         return placed
 
     def artifact_digests(self, node: str, paths: list[str]) -> tuple[dict[str, str], str]:
-        """blake3 of each present declared artifact, read without following links; a
-        problem when one is a link, a special file or hard-linked from elsewhere."""
+        """blake3 of each present declared artifact, read without following links.
+
+        A problem when one is a link, a special file or hard-linked from elsewhere.
+        """
         ws = self.workspace(node)
         out: dict[str, str] = {}
         for rel in paths:
@@ -174,9 +188,12 @@ def _no_links(root: Path, rel: str) -> bool:
 
 
 def remove_tree(root: Path) -> None:
-    """Delete ``root`` and everything below it, iteratively (an agent can nest deeper
-    than Python's recursion limit), never following a symlink, making read-only
-    directories writable as it goes."""
+    """Delete ``root`` and everything below it, safely against any tree an agent can leave.
+
+    Delete ``root`` and everything below it, iteratively (an agent can nest deeper than
+    Python's recursion limit), never following a symlink, making read-only directories
+    writable as it goes.
+    """
     stack = [str(root)]
     while stack:
         top = stack[-1]

@@ -102,9 +102,12 @@ class Scheduler:
         return self._finish()
 
     def _result(self, fut: Future[NodeOutcome]) -> NodeOutcome | None:
-        """A node's outcome. A fatal error (the run cannot record anything) stops the run:
-        every agent is cancelled, and the node stays resumable. Any other exception is a
-        bug that stays at its node: recorded as a launch_error, the rest goes on."""
+        """A node's outcome, or None after a fatal error stopped the run.
+
+        A fatal error (the run cannot record anything) stops the run: every agent is
+        cancelled, and the node stays resumable. Any other exception is a bug that stays at
+        its node: recorded as a launch_error, the rest goes on.
+        """
         try:
             return fut.result()
         except FatalRunError as exc:

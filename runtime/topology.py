@@ -306,8 +306,11 @@ def _graph_problems(data: dict[str, Any], loaded: LoadedYaml, file: str) -> list
 
 
 def _has_cycle(predecessors: dict[str, list[str]]) -> bool:
-    """The stdlib's topological sorter answers "is it a DAG?" in O(V+E) without
-    importing networkx (~100 ms at start-up), which only the diagnosis needs."""
+    """Tell whether the dependency graph has a cycle, without importing networkx.
+
+    The stdlib's topological sorter answers "is it a DAG?" in O(V+E) without importing
+    networkx (~100 ms at start-up), which only the diagnosis needs.
+    """
     try:
         graphlib.TopologicalSorter(predecessors).prepare()
     except graphlib.CycleError:

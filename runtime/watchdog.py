@@ -17,8 +17,11 @@ from typing import Any
 
 
 class Overtime(BaseException):
-    """Raised in a watched thread past its deadline. A BaseException, so that no
-    ``except Exception`` in jinja2 or a template's callee swallows it."""
+    """Raised in a watched thread past its deadline.
+
+    A BaseException, so that no ``except Exception`` in jinja2 or a template's callee
+    swallows it.
+    """
 
 
 class Overgrown(BaseException):
@@ -48,9 +51,11 @@ class Watchdog:
         self._thread: threading.Thread | None = None
 
     def arm(self, seconds: float, max_growth: int) -> int:
-        """Watch the calling thread: ``Overtime`` after ``seconds``, ``Overgrown`` once
-        the process's resident memory grows by ``max_growth`` bytes. Returns a token
-        for ``disarm``."""
+        """Watch the calling thread for overtime and memory growth; return a token for ``disarm``.
+
+        ``Overtime`` after ``seconds``, ``Overgrown`` once the process's resident memory
+        grows by ``max_growth`` bytes. Returns a token for ``disarm``.
+        """
         with self._lock:
             token = next(self._tokens)
             self._armed[token] = [time.monotonic() + seconds, threading.get_ident(), None,

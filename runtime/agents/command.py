@@ -64,8 +64,11 @@ class CommandAgent:
         self.profile = profile
 
     def argv(self, inv: Invocation, *, inside: bool = False) -> list[str]:
-        """The agent's argv with placeholders filled: with the sandbox's fixed paths when
-        ``inside``, else the host's (absolute either way)."""
+        """The agent's argv with placeholders filled.
+
+        With the sandbox's fixed paths when ``inside``, else the host's (absolute either
+        way).
+        """
         prompt_file = str(sandbox.PROMPT_FILE) if inside else os.path.abspath(inv.prompt_file)
         workspace = str(sandbox.WORKSPACE) if inside else os.path.abspath(inv.workspace)
         subs = {"{prompt_file}": prompt_file, "{workspace}": workspace, "{node}": inv.node}
@@ -144,8 +147,10 @@ class CommandAgent:
 
     def _result(self, inv: Invocation, code: int | None, timed_out: bool,
                 cancelled: bool) -> AgentExit:
-        """Evidence, plus the kind's reading of the agent's own reason: claude's result
-        JSON whatever the exit code, codex's own error lines (recognise.py)."""
+        """Evidence, plus the kind's reading of the agent's own reason.
+
+        Claude's result JSON whatever the exit code, codex's own error lines (recognise.py).
+        """
         if cancelled:
             return AgentExit(exit_code=code, cancelled=True)
         reading = read_command(kind_of(self.profile.argv[0]), None if timed_out else code,
@@ -171,9 +176,11 @@ class CommandAgent:
 
 def sandbox_spec(inv: Invocation, settings: SandboxSettings, program: str | None = None,
                  path_dirs: tuple[str, ...] = ()) -> sandbox.SandboxSpec:
-    """What the attempt's sandbox binds, and what it hides: the run directory's
-    artifacts root (``<root>/runs/<run-id>/nodes/<node>/attempts/<n>``), or the run
-    directory itself when it does not live under a ``runs/`` directory."""
+    """What the attempt's sandbox binds, and what it hides.
+
+    The run directory's artifacts root (``<root>/runs/<run-id>/nodes/<node>/attempts/<n>``),
+    or the run directory itself when it does not live under a ``runs/`` directory.
+    """
     hide: tuple[Path, ...] = ()
     context = None
     if inv.attempt_dir is not None:
@@ -194,9 +201,11 @@ def sandbox_spec(inv: Invocation, settings: SandboxSettings, program: str | None
 
 
 def _bwrap_refused(stderr: bytes) -> str | None:
-    """bubblewrap's own failure (a mount it could not make, a program it could not
-    exec): exit 1 with a single ``bwrap: `` line as the only output, since the agent
-    never ran to write anything."""
+    """Bubblewrap's own failure (a mount it could not make, a program it could not exec).
+
+    Exit 1 with a single ``bwrap: `` line as the only output, since the agent never ran to
+    write anything.
+    """
     text = stderr.decode("utf-8", "replace")
     if text.startswith("bwrap: ") and text.count("\n") <= 1:
         return f"sandbox: {text.strip()}"
@@ -205,8 +214,11 @@ def _bwrap_refused(stderr: bytes) -> str | None:
 
 def _end_attempt(proc: subprocess.Popen[bytes], leader: procs.Proc | None,
                  elapsed: float) -> None:
-    """Nothing the agent started survives: the leader (if the supervisor gave up on it),
-    then everything the runtime adopted from it."""
+    """Nothing the agent started survives.
+
+    The leader (if the supervisor gave up on it), then everything the runtime adopted from
+    it.
+    """
     procs.unregister(proc.pid)
     if proc.returncode is None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -233,10 +245,12 @@ def _json_result_error(stdout: bytes) -> str | None:
 
 
 class _Supervisor:
-    """One thread per attempt does all of the child's I/O: a selector over stdout,
-    stderr, stdin and a pidfd. No pump threads, so no GIL hand-offs between them, and
-    the exit is seen the moment it happens (``Popen.wait(timeout)`` polls with sleeps
-    that grow to 50 ms, more than a short agent's whole run)."""
+    """One thread per attempt does all of the child's I/O.
+
+    A selector over stdout, stderr, stdin and a pidfd. No pump threads, so no GIL hand-offs
+    between them, and the exit is seen the moment it happens (``Popen.wait(timeout)`` polls
+    with sleeps that grow to 50 ms, more than a short agent's whole run).
+    """
 
     def __init__(self, proc: subprocess.Popen[bytes], inv: Invocation,
                  stdin_data: bytes | None, on_exit: Callable[[], None]) -> None:
@@ -313,8 +327,11 @@ class _Supervisor:
                 self.reading -= 1
 
     def _reap(self) -> None:
-        """The leader has exited but is not reaped yet, so its PID (the group id) cannot
-        have been reused: kill whatever it left in its group, then reap it."""
+        """Kill what the exited leader left in its process group, then reap the leader.
+
+        The leader has exited but is not reaped yet, so its PID (the group id) cannot have
+        been reused: kill whatever it left in its group, then reap it.
+        """
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.code = self.proc.wait()

@@ -100,9 +100,12 @@ class _NoConnection(Exception):
 
 
 class HttpAgent:
-    """One profile's adapter. ``transport``, ``clock`` and ``wait`` are seams for tests:
-    an ``httpx.MockTransport``, a fake monotonic clock, and a wait that returns at once
-    (True when cancelled). By default: the process's shared deadline transport."""
+    """The ``http`` agent adapter for one profile.
+
+    ``transport``, ``clock`` and ``wait`` are seams for tests: an ``httpx.MockTransport``, a
+    fake monotonic clock, and a wait that returns at once (True when cancelled). By default:
+    the process's shared deadline transport.
+    """
 
     def __init__(self, profile: HttpProfile, *, transport: httpx.BaseTransport | None = None,
                  clock: Callable[[], float] = time.monotonic, wait: Wait = _wait_on,
@@ -168,9 +171,12 @@ class HttpAgent:
         return self._handle_body(inv, reply, scrub)
 
     def _exchange(self, inv: Invocation, key: str | None, deadline: float) -> Reply:
-        """POST once, and again after a blip (5xx, 408, broken connection) while retries
-        and time remain. A plain loop: the pauses are short and fixed, and a rate limit
-        is never retried here."""
+        """POST the request, retrying transient failures (never rate limits) while time remains.
+
+        POST once, and again after a blip (5xx, 408, broken connection) while retries and
+        time remain. A plain loop: the pauses are short and fixed, and a rate limit is never
+        retried here.
+        """
         tries = self.profile.max_retries + 1
         for n in range(1, tries + 1):
             try:
@@ -360,8 +366,11 @@ def _is_blip(reply: Reply, now: float) -> bool:
 
 
 def retry_after(headers: Mapping[str, str], now: float) -> float | None:
-    """Seconds the provider asks to wait: ``retry-after-ms``, else ``Retry-After`` as
-    seconds or an HTTP date (``now`` is the wall clock); None when absent or unreadable."""
+    """Seconds the provider asks to wait before the next request, from its headers.
+
+    ``retry-after-ms``, else ``Retry-After`` as seconds or an HTTP date (``now`` is the wall
+    clock); None when absent or unreadable.
+    """
     seconds: float | None = None
     try:
         if "retry-after-ms" in headers:
@@ -387,8 +396,11 @@ def _json_or_none(body: bytes) -> Any:
 
 
 def _error_message(body: Any) -> str:
-    """The provider's own words: ``error.message`` (OpenAI, LiteLLM), a string ``error``,
-    ``message`` or ``detail`` (FastAPI)."""
+    """Extract the provider's own error message from a JSON error body.
+
+    ``error.message`` (OpenAI, LiteLLM), a string ``error``, ``message`` or ``detail``
+    (FastAPI).
+    """
     if not isinstance(body, dict):
         return ""
     error = body.get("error")

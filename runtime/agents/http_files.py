@@ -54,9 +54,11 @@ class Parsed:
 
 
 def parse(reply: str) -> Parsed:
-    """Every closed ``file=`` block of ``reply``, in a bounded number of passes over its
-    lines. Other fences are prose: a stray or unclosed ```python cannot hide the file
-    blocks after it."""
+    """Every closed ``file=`` block of ``reply``, in a bounded number of passes over its lines.
+
+    Other fences are prose: a stray or unclosed ```python cannot hide the file blocks after
+    it.
+    """
     parsed = Parsed()
     lines = reply.split("\n")
     # Openers at least this wide are known to have no closer below them: skipped at once,
@@ -151,8 +153,11 @@ _REASONS = {errno.ELOOP: "is a symbolic link, which is not followed",
 
 
 def write_inside(root: Path, rel: str, data: bytes) -> str | None:
-    """Create ``root/rel`` anew (replacing a file there) without following a symlink at
-    any level and without writing through an existing inode; None, or why it failed."""
+    """Create ``root/rel`` anew, never following a symlink or writing through an existing inode.
+
+    Create ``root/rel`` anew (replacing a file there) without following a symlink at any
+    level and without writing through an existing inode; None, or why it failed.
+    """
     parts = rel.split("/")
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
     try:

@@ -1,5 +1,7 @@
-"""The http agent's wire: one deadline over every socket operation of an attempt, and
-response bodies read with a cap before and after decompression.
+"""The http agent's wire: one deadline per attempt and capped response bodies.
+
+One deadline over every socket operation of an attempt, and response bodies read with a cap
+before and after decompression.
 
 httpx's timeouts bound each socket operation, not a whole exchange: a server that drips
 one byte every few seconds never trips a read timeout (issue 8: 45 s on a 5 s timeout).
@@ -44,8 +46,11 @@ _bounds = _Bounds()
 
 @contextmanager
 def attempt_bounds(deadline: float, cancel: threading.Event) -> Iterator[None]:
-    """Bound this thread's socket operations by ``deadline`` (``time.monotonic``) and
-    ``cancel`` while the block runs."""
+    """Bound this thread's socket operations by ``deadline`` and ``cancel`` while the block runs.
+
+    Bound this thread's socket operations by ``deadline`` (``time.monotonic``) and
+    ``cancel`` while the block runs.
+    """
     saved = (_bounds.deadline, _bounds.cancel)
     _bounds.deadline, _bounds.cancel = deadline, cancel
     try:
@@ -137,8 +142,10 @@ class DeadlineBackend(httpcore.NetworkBackend):
 
 
 class DeadlineTransport(httpx.HTTPTransport):
-    """httpx's HTTP/1.1 transport over a pool of ``DeadlineStream`` connections; proxy
-    variables are ignored (the agent connects directly)."""
+    """httpx's HTTP/1.1 transport over a pool of ``DeadlineStream`` connections.
+
+    Proxy variables are ignored (the agent connects directly).
+    """
 
     def __init__(self) -> None:
         super().__init__(trust_env=False)
@@ -219,10 +226,13 @@ def _decoder(header: str) -> _Decoder:
 
 def read_body(response: httpx.Response, cap: int, check: Callable[[], None],
               *, truncate: bool = False) -> bytearray:
-    """The decoded body, reading at most ``cap`` bytes off the wire and producing at most
-    ``cap`` decoded. Past either cap: ``BodyError``, or with ``truncate`` the first
-    ``cap`` bytes (for error bodies, read only for their message). ``check`` runs before
-    each chunk (deadline and cancel, for transports that do not bound sockets)."""
+    """Read a response body with a cap on both wire bytes and decoded bytes.
+
+    The decoded body, reading at most ``cap`` bytes off the wire and producing at most
+    ``cap`` decoded. Past either cap: ``BodyError``, or with ``truncate`` the first ``cap``
+    bytes (for error bodies, read only for their message). ``check`` runs before each chunk
+    (deadline and cancel, for transports that do not bound sockets).
+    """
     decoder = _decoder(response.headers.get("content-encoding", ""))
     declared = response.headers.get("content-length", "")
     if not truncate and declared.isdigit() and int(declared) > cap:

@@ -89,11 +89,13 @@ def stat(pid: int) -> Proc | None:
 
 
 def table(after: int | None = None) -> list[Proc]:
-    """Every process, or (``after`` given) only those whose pid was allocated after
-    ``after``: reading /proc/<pid>/stat costs ~50 us a process here, so a cleanup
-    after each attempt reads only the processes started since its leader. Pids are
-    handed out in increasing order, wrapping at pid_max; that holds unless the counter
-    went all the way round, which is why long attempts scan everything."""
+    """Every process, or (``after`` given) only those whose pid was allocated after ``after``.
+
+    Reading /proc/<pid>/stat costs ~50 us a process here, so a cleanup after each attempt
+    reads only the processes started since its leader. Pids are handed out in increasing
+    order, wrapping at pid_max; that holds unless the counter went all the way round, which
+    is why long attempts scan everything.
+    """
     last = _last_pid() if after is not None else None
     if after is not None and last is not None and 0 <= last - after <= SMALL_RANGE:
         pids: Iterable[int] = range(after + 1, last + 1)  # probing beats listing /proc
@@ -129,10 +131,13 @@ def unregister(pid: int) -> None:
 
 
 def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) -> int:
-    """Kill and reap what this process adopted from the attempt led by ``leader`` (which
-    has exited and been reaped). ``scan_all``: read every process, not only those with
-    pids allocated after the leader's (for long attempts, where the pid counter may
-    have wrapped). Returns how many processes were killed."""
+    """Kill and reap what this process adopted from the attempt led by ``leader``.
+
+    Kill and reap what this process adopted from the attempt led by ``leader`` (which has
+    exited and been reaped). ``scan_all``: read every process, not only those with pids
+    allocated after the leader's (for long attempts, where the pid counter may have
+    wrapped). Returns how many processes were killed.
+    """
     me, my_sid = os.getpid(), os.getsid(0)
     killed = 0
     for _ in range(100):  # each round re-parents the killed processes' children to us
@@ -161,8 +166,11 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
 
 
 def _has_children() -> bool:
-    """Does this process have any child, live or zombie? (ECHILD means none.) Checked
-    without reaping anything (WNOWAIT), so no other waiter loses a status."""
+    """Tell whether this process has any child, live or zombie, without reaping one.
+
+    Does this process have any child, live or zombie? (ECHILD means none.) Checked without
+    reaping anything (WNOWAIT), so no other waiter loses a status.
+    """
     try:
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
@@ -180,8 +188,11 @@ def _subtrees(roots: list[Proc], children: dict[int, list[Proc]]) -> list[Proc]:
 
 
 def _reap(pid: int, timeout: float = 5.0) -> None:
-    """Reap a child we killed, waiting at most ``timeout`` (a process stuck in the
-    kernel may take a while to die; it is not worth hanging the attempt for)."""
+    """Reap a child we killed, waiting at most ``timeout``.
+
+    Reap a child we killed, waiting at most ``timeout`` (a process stuck in the kernel may
+    take a while to die; it is not worth hanging the attempt for).
+    """
     try:
         fd = os.pidfd_open(pid)
     except OSError:
@@ -208,8 +219,11 @@ def boot_id() -> str:
 
 def record_leader(log_path: Path, pid: int, start: int, sandboxed: bool, *,
                   node: str = "", attempt: int = 0) -> None:
-    """Append this leader to the run's leaders log: enough for a later ``resume`` to find
-    it. One ``write`` on an O_APPEND descriptor: concurrent attempts never interleave."""
+    """Append this leader to the run's leaders log.
+
+    Enough for a later ``resume`` to find it. One ``write`` on an O_APPEND descriptor:
+    concurrent attempts never interleave.
+    """
     line = json.dumps({"schema_version": 1, "node": node, "attempt": attempt, "pid": pid,
                        "start": start, "boot_id": boot_id(), "sandboxed": sandboxed})
     with contextlib.suppress(OSError):
@@ -221,10 +235,12 @@ def record_leader(log_path: Path, pid: int, start: int, sandboxed: bool, *,
 
 
 def kill_leftovers(records: Iterable[Path], run_id: str) -> int:
-    """Kill what a crashed runtime left running: each leader named in ``records`` (files of
-    one JSON object per line) still alive (same pid, start time and boot), its session,
-    and any process whose environment carries ``RUNTIME_RUN_ID=<run_id>``. Returns how
-    many were killed."""
+    """Kill what a crashed runtime left running.
+
+    Each leader named in ``records`` (files of one JSON object per line) still alive (same
+    pid, start time and boot), its session, and any process whose environment carries
+    ``RUNTIME_RUN_ID=<run_id>``. Returns how many were killed.
+    """
     boot = boot_id()
     sessions: dict[int, int] = {}  # leader pid -> its start time
     for path in records:
@@ -256,14 +272,17 @@ def kill_leftovers(records: Iterable[Path], run_id: str) -> int:
 
 def leftovers(procs: list[Proc], sessions: dict[int, int], *, me: int, my_sid: int,
               carries: Callable[[int], bool]) -> list[Proc]:
-    """Which of ``procs`` a crashed run left behind (pure, so it is tested on made-up
-    process tables: a wrong answer here kills the host's processes).
+    """Decide which of ``procs`` a crashed run left behind, refusing anything untrustworthy.
+
+    Which of ``procs`` a crashed run left behind (pure, so it is tested on made-up process
+    tables: a wrong answer here kills the host's processes).
 
     ``sessions`` maps recorded leader pids to their start times. The leaders log is
     agent-reachable when the agent runs unsandboxed, so a record is never trusted to
     name this process, its ancestors, its own session, pid 0 or 1, or session 0 (which
     is how /proc shows a session whose leader lives outside this PID namespace: every
-    process of a container can carry it)."""
+    process of a container can carry it).
+    """
     alive = {p.pid: p for p in procs}
     spared = {me}
     pid = alive[me].ppid if me in alive else 0

@@ -1,8 +1,11 @@
-"""``python`` agent: a callable ``module:function`` taking an Invocation, for tests and
-in-process agents. It returns an ``AgentExit``, an exit code, or None (exit 0); an
-exception is an agent exit with status 1 and the exception text on stderr. It runs in a
-thread of its own; past ``inv.timeout_s`` the attempt is recorded as timed out and the
-runtime moves on (a thread cannot be killed: the callable should honour ``inv.cancel``)."""
+"""The ``python`` agent: an in-process callable, for tests and in-process agents.
+
+A callable ``module:function`` taking an Invocation, for tests and in-process agents. It
+returns an ``AgentExit``, an exit code, or None (exit 0); an exception is an agent exit with
+status 1 and the exception text on stderr. It runs in a thread of its own; past
+``inv.timeout_s`` the attempt is recorded as timed out and the runtime moves on (a thread
+cannot be killed: the callable should honour ``inv.cancel``).
+"""
 
 from __future__ import annotations
 

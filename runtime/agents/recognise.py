@@ -55,8 +55,11 @@ def kind_of(argv0: str) -> AgentKind:
 
 @dataclass(frozen=True)
 class Reading:
-    """What a recogniser found: a class (None: nothing it recognises) and one line in
-    the agent's own words (None: nothing worth showing)."""
+    """What a recogniser found: a failure class and a line in the agent's own words.
+
+    A class (None: nothing it recognises) and one line in the agent's own words (None:
+    nothing worth showing).
+    """
 
     failure: FailureClass | None = None
     summary: str | None = None
@@ -112,8 +115,10 @@ def classify_status(status: int) -> FailureClass | None:
 
 def strip_echo(text: str, prompt: str) -> str:
     """``text`` without the lines that are lines of ``prompt`` (compared stripped).
-    An agent that echoes its prompt (codex prints it whole to stderr) would otherwise
-    fill the error budget with trusted prompt text inside the untrusted block."""
+
+    An agent that echoes its prompt (codex prints it whole to stderr) would otherwise fill
+    the error budget with trusted prompt text inside the untrusted block.
+    """
     if not prompt:
         return text
     echoed = {ln.strip() for ln in prompt.splitlines()}
@@ -122,8 +127,11 @@ def strip_echo(text: str, prompt: str) -> str:
 
 
 def error_tail(capture: BoundedCapture, prompt: str, limit: int) -> str:
-    """The last ``limit`` bytes of a capture, as ``BoundedCapture.tail_text`` gives
-    them, but measured after the prompt's echoed lines are removed."""
+    """Give a capture's last ``limit`` bytes, measured after the prompt's echoed lines are removed.
+
+    The last ``limit`` bytes of a capture, as ``BoundedCapture.tail_text`` gives them, but
+    measured after the prompt's echoed lines are removed.
+    """
     text = strip_echo(capture.tail_text(DEFAULT_HEAD + DEFAULT_TAIL), prompt)
     data = text.encode("utf-8")
     if len(data) <= limit:
@@ -134,8 +142,10 @@ def error_tail(capture: BoundedCapture, prompt: str, limit: int) -> str:
 
 
 def _meaningful(line: str) -> bool:
-    """A line worth showing: at least three letters or digits (not a rule, a box
-    drawing or a lone brace)."""
+    """Whether a line is worth showing to a user.
+
+    At least three letters or digits (not a rule, a box drawing or a lone brace).
+    """
     return sum(ch.isalnum() for ch in line) >= 3
 
 
@@ -155,7 +165,7 @@ def last_meaningful(text: str) -> str | None:
 
 
 def _json_object(stdout: bytes) -> dict[str, Any] | None:
-    """stdout as one JSON object, or its last line as one (a CLI may print more)."""
+    """Stdout as one JSON object, or its last line as one (a CLI may print more)."""
     text = stdout.decode("utf-8", "replace").strip()
     for candidate in (text, text.rsplit("\n", 1)[-1]):
         try:
@@ -199,8 +209,11 @@ _CODEX_OWN = re.compile(
 
 
 def _read_codex(exit_code: int | None, stderr: str) -> Reading:
-    """codex exits 0 on success; a failure (or the timeout it loops into) is read from
-    its own error lines, newest first: the first one naming a class wins."""
+    """Read a codex failure from its own error lines, newest first.
+
+    A failure (or the timeout it loops into) is read from its own error lines, newest first:
+    the first one naming a class wins.
+    """
     if exit_code == 0:
         return Reading()
     own = [m.group(0).strip() for ln in stderr.splitlines()
@@ -231,9 +244,12 @@ def _codex_line(line: str) -> str:
 
 def read_command(kind: AgentKind, exit_code: int | None, stdout: bytes, stderr: str, *,
                  prompt: str = "") -> Reading:
-    """Read what a command agent left: ``exit_code`` None means it was stopped (timed
-    out); ``stdout`` is the head of its output (claude's result JSON), ``stderr`` the
-    tail of its error output. The prompt's echoed lines are removed first."""
+    """Read what a command agent left: its exit code, output head and error tail.
+
+    ``exit_code`` None means it was stopped (timed out); ``stdout`` is the head of its
+    output (claude's result JSON), ``stderr`` the tail of its error output. The prompt's
+    echoed lines are removed first.
+    """
     stderr = strip_echo(stderr, prompt)
     if kind is AgentKind.CLAUDE:
         return _read_claude(exit_code, stdout, stderr)
@@ -246,8 +262,11 @@ def read_command(kind: AgentKind, exit_code: int | None, stdout: bytes, stderr: 
 
 def read_preflight(kind: AgentKind, exit_code: int | None, stdout: bytes,
                    stderr: str) -> Reading:
-    """Read a profile's ``preflight`` command. A failure with no recognised class is
-    ``agent_exit``; success may carry a summary (how the agent is logged in)."""
+    """Read a profile's ``preflight`` command.
+
+    A failure with no recognised class is ``agent_exit``; success may carry a summary (how
+    the agent is logged in).
+    """
     if kind is AgentKind.CLAUDE:
         status = _json_object(stdout)
         if status is not None and "loggedIn" in status:  # claude auth status

@@ -57,9 +57,11 @@ class Bubblewrap:
 
 @functools.lru_cache(maxsize=1)
 def find_bubblewrap() -> Bubblewrap | None:
-    """The ``bwrap`` on PATH and its version, or None. Looked up once per process: the
-    version goes into every ``attempt.json``, and a per-attempt ``bwrap --version``
-    would cost a process spawn."""
+    """The ``bwrap`` on PATH and its version, or None.
+
+    Looked up once per process: the version goes into every ``attempt.json``, and a
+    per-attempt ``bwrap --version`` would cost a process spawn.
+    """
     path = shutil.which("bwrap")
     if path is None:
         return None
@@ -80,8 +82,11 @@ def sandboxed_profiles(agents: Mapping[str, object], used: Iterable[str]) -> lis
 
 
 def require_bubblewrap(profiles: Iterable[str]) -> None:
-    """Refuse to start (exit 2, before any node runs) when a sandboxed profile will be
-    used and bubblewrap is missing. ``profiles``: names of those profiles."""
+    """Refuse to start when a sandboxed profile will be used and bubblewrap is missing.
+
+    Refuse to start (exit 2, before any node runs) when a sandboxed profile will be used and
+    bubblewrap is missing. ``profiles``: names of those profiles.
+    """
     names = sorted(set(profiles))
     if names and find_bubblewrap() is None:
         raise UsageError(f"bubblewrap (bwrap) is not installed, and agent profile(s) "
@@ -124,11 +129,13 @@ def expand_writable(paths: Iterable[str], home: str) -> list[str]:
 
 
 def create_writable_dirs(spec: SandboxSpec) -> str | None:
-    """Entries written with a trailing ``/`` are directories, created (0700) when
-    missing: a CLI that cannot create its state directory in a read-only home fails
-    (codex does). Other missing entries are skipped, since whether they would be a
-    file or a directory is unknown (claude runs without ``~/.claude.json``). Returns
-    why a directory could not be created, or None."""
+    """Entries written with a trailing ``/`` are directories, created (0700) when missing.
+
+    A CLI that cannot create its state directory in a read-only home fails (codex does).
+    Other missing entries are skipped, since whether they would be a file or a directory is
+    unknown (claude runs without ``~/.claude.json``). Returns why a directory could not be
+    created, or None.
+    """
     for path in expand_writable(spec.writable, spec.home):
         if path.endswith("/"):
             try:
@@ -175,9 +182,12 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
 
 
 def sandbox_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """The agent's environment with the runtime's paths replaced by the fixed ones
-    inside the sandbox, and TMPDIR pointing at the private /tmp (a host TMPDIR would
-    be read-only in there)."""
+    """Map the agent's environment onto the sandbox's fixed paths and private /tmp.
+
+    The agent's environment with the runtime's paths replaced by the fixed ones inside the
+    sandbox, and TMPDIR pointing at the private /tmp (a host TMPDIR would be read-only in
+    there).
+    """
     out = dict(env)
     out.update({"RUNTIME_WORKSPACE": str(WORKSPACE), "RUNTIME_PROMPT_FILE": str(PROMPT_FILE),
                 "RUNTIME_ATTEMPT_CONTEXT": str(ATTEMPT_CONTEXT), "TMPDIR": "/tmp"})
@@ -185,8 +195,10 @@ def sandbox_environment(env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _host_root() -> list[str]:
-    """Fallback: bind every top-level entry of the host's ``/`` read-only; symlinks
-    (``/bin`` -> ``usr/bin`` on merged-/usr systems) are recreated as symlinks."""
+    """Fallback: bind every top-level entry of the host's ``/`` read-only.
+
+    Symlinks (``/bin`` -> ``usr/bin`` on merged-/usr systems) are recreated as symlinks.
+    """
     out: list[str] = []
     with os.scandir("/") as entries:
         for entry in sorted(entries, key=lambda e: e.name):

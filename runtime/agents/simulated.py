@@ -101,8 +101,10 @@ class SimulatedAgent:
 
     @staticmethod
     def _feedback_names(inv: Invocation, mistake: SimulatedMistake) -> bool:
-        """True when the prompt's prior-failure block names this very mistake: an agent
-        cannot fix what the feedback does not tell it."""
+        """True when the prompt's prior-failure block names this very mistake.
+
+        An agent cannot fix what the feedback does not tell it.
+        """
         # The runtime writes the open tag, a newline, then the JSON object; the boundary
         # rules merely mention the tag.
         start = inv.prompt.find(PRIOR_FAILURE_OPEN + "\n{")
