@@ -64,6 +64,7 @@ class RuntimeContext:
     inputs: Sequence[str]  # workspace-relative upstream artifact paths
 
     def render(self) -> str:
+        """The context section as markdown: the topology, node, artifacts to write and inputs."""
         lines = [
             "# Runtime context",
             f"Topology: {self.topology}",

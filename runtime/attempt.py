@@ -84,6 +84,11 @@ class Attempt:
         self._where: AgentOutcome | None = None  # the engine's report: where it ran
 
     def run(self) -> AttemptRecord:
+        """Run the attempt and return the record it wrote.
+
+        Only ``FatalRunError`` propagates (the run can no longer record anything); every other
+        failure is recorded as this attempt's outcome.
+        """
         try:
             return self._run()
         except FatalRunError:
@@ -307,7 +312,8 @@ class Attempt:
             return FailureClass.CONTRADICTORY_COMPLETION, exit_.reported_error
         return None, ""  # success: stderr is not read (redacting it costs ~1 ms)
 
-    def _finish(self, failure: FailureClass | None, exit_code: int | None, error: str,
+    # PLR0913: The evidence gathered over one attempt, recorded together; a private step of run().
+    def _finish(self, failure: FailureClass | None, exit_code: int | None, error: str,  # noqa: PLR0913
                 acceptance: AcceptanceSummary, out_bytes: int, err_bytes: int,
                 digests: dict[str, str]) -> AttemptRecord:
         redactor = self.ctx.redactor

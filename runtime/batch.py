@@ -39,6 +39,17 @@ EntryStatus = Literal["succeeded", "failed", "cancelled", "invalid"]
 
 
 class NodeSummary(BaseModel):
+    """One node of one run, as a batch's ``summary.json`` reports it.
+
+    Attributes:
+        status: the node's terminal (or, for a cancelled run, last) status.
+        attempts: how many attempts the node made.
+        failure: the failure class that ended the node, when it failed.
+        summary: the last failed attempt's one-line summary: the agent's own reason when
+            recognised.
+        succeeded_after_feedback: the node succeeded on an attempt that received the retry
+            preamble (the measure of whether feedback helps).
+    """
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     status: NodeStatus
@@ -50,6 +61,22 @@ class NodeSummary(BaseModel):
 
 
 class BatchEntry(BaseModel):
+    """One topology of a batch, as ``summary.json`` reports it.
+
+    Attributes:
+        source: the topology file or plan directory the entry came from, as given.
+        topology: the topology's name (None when it could not be planned).
+        plan_digest: the plan's digest (None when it could not be planned).
+        run_id: the run's id (None when no run started).
+        run_dir: the run directory, relative to the artifacts root (None without a run).
+        status: succeeded, failed, cancelled, or invalid (refused before running).
+        error: why the entry is invalid, or why its run stopped.
+        nodes: each node's summary, by node id.
+        retries_after_feedback: nodes that succeeded on an attempt that received the retry
+            preamble.
+        report: the run's HTML report, relative to the artifacts root.
+        findings: findings of this run per SARIF level.
+    """
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     source: str
@@ -87,6 +114,25 @@ class BatchSummary(BaseModel):
 
 @dataclass(frozen=True)
 class BatchOptions:
+    """The settings of one ``runtime batch``, applied to every topology in it.
+
+    Attributes:
+        prompts: the prompts root templates are loaded from.
+        artifacts: the artifacts root runs and the batch directory are written under.
+        jobs: how many topologies run at once.
+        node_jobs: how many nodes of one run execute at once.
+        agent: ``--agent``: one profile for every node (None: each node's own).
+        sets: ``--set`` overrides, as given on the command line.
+        batch_id: the batch's id (None: generated).
+        redactor: the redactor for every prompt, log and record of the batch.
+        preflight: check the agent profiles before anything runs.
+        no_fallback: never move a node to a fallback profile.
+        max_total_attempts: each run's attempt budget (None: unbounded).
+        deadline_at: Unix time after which no attempt starts (None: no deadline).
+        operator_prompt: text added to every prompt of every run (None: none).
+        variables: topology variables (``--var``) for every topology.
+        engine: where attempts run (None: the local engine).
+    """
     prompts: Path
     artifacts: Path
     jobs: int = 2
@@ -108,9 +154,12 @@ class BatchOptions:
 class Progress:
     """What the batch reports while it runs; the CLI plugs a rich display in here."""
 
-    def started(self, source: str, name: str, nodes: int) -> None: ...
-    def event(self, source: str, event: Event) -> None: ...
-    def finished(self, entry: BatchEntry) -> None: ...
+    def started(self, source: str, name: str, nodes: int) -> None:
+        """A run of topology ``source`` (called ``name``, with ``nodes`` nodes) has started."""
+    def event(self, source: str, event: Event) -> None:
+        """A run of the batch appended ``event`` to its ledger."""
+    def finished(self, entry: BatchEntry) -> None:
+        """A topology of the batch is done (or was refused): its summary entry."""
 
 
 def expand(paths: Sequence[Path]) -> list[Path]:
@@ -147,7 +196,8 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
                            options, progress, cancel, on_entry)
 
 
-def _run_locked(topologies: list[Path], planned: dict[str, CompiledPlan | BatchEntry],
+# PLR0913: Private body of run_batch under its lock: the batch's already-built parts.
+def _run_locked(topologies: list[Path], planned: dict[str, CompiledPlan | BatchEntry],  # noqa: PLR0913
                 overrides: dict[str, dict[str, NodeOverrides]],
                 decisions: dict[str, Decision], batch_id: str, batch_dir: Path,
                 options: BatchOptions, progress: Progress, cancel: threading.Event,
@@ -204,7 +254,8 @@ def _preflight(planned: dict[str, CompiledPlan | BatchEntry], options: BatchOpti
     return preflight_batch(plans, redactor=options.redactor)
 
 
-def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, NodeOverrides],
+# PLR0913: Private: one run's plan, overrides and decision, plus the batch-wide context.
+def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, NodeOverrides],  # noqa: PLR0913
              batch_id: str, options: BatchOptions, progress: Progress,
              cancel: threading.Event, decision: Decision | None = None) -> BatchEntry:
     if isinstance(plan, BatchEntry):
@@ -248,6 +299,7 @@ def _node_of(item: str) -> str:
 
 
 def entry_of(path: Path, result: RunResult) -> BatchEntry:
+    """Summarise a finished run of topology ``path`` as its batch entry."""
     state: RunState = result.state
     nodes, after_feedback = {}, []
     for nid, ns in state.nodes.items():
@@ -278,7 +330,8 @@ def _succeeded_after_feedback(run_dir: Path, nid: str, ns: Any) -> bool:
     return ctx.preamble_digest is not None
 
 
-def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],
+# PLR0913: Private writer of summary.json; ``final`` is keyword-only.
+def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],  # noqa: PLR0913
                    entries: dict[str, BatchEntry], cancel: threading.Event, *,
                    final: bool = False) -> BatchSummary:
     ordered = [entries[str(p)] for p in topologies if str(p) in entries]

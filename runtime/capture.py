@@ -32,6 +32,7 @@ class BoundedCapture:
         self._closed = False
 
     def write(self, data: bytes | str) -> None:
+        """Record ``data``: the head goes to the file at once, the rest to a rolling tail."""
         if isinstance(data, str):
             data = data.encode("utf-8", "replace")
         with self._lock:
@@ -52,6 +53,10 @@ class BoundedCapture:
                     self.dropped += excess
 
     def close(self) -> None:
+        """Write the kept tail (with a count of dropped bytes) after the head and close the file.
+
+        No file is created when nothing was written.
+        """
         with self._lock:
             if self._closed:
                 return
@@ -74,6 +79,7 @@ class BoundedCapture:
 
     @property
     def head(self) -> bytes:
+        """The first bytes of output (claude's result JSON is read from here)."""
         return bytes(self._head)
 
     def tail_text(self, limit: int) -> str:

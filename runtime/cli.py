@@ -46,6 +46,7 @@ def _common(p: argparse.ArgumentParser, *, plans: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``runtime`` command line: every verb, its options and their help."""
     parser = argparse.ArgumentParser(
         prog="runtime",
         description="Plan security-analysis agent topologies into sealed, digest-addressed "
@@ -195,6 +196,7 @@ def _limit_options(p: argparse.ArgumentParser) -> None:
 
 
 def parse_vars(pairs: Sequence[str]) -> dict[str, str]:
+    """Parse ``--var KEY=VALUE`` pairs; a pair without ``=`` is a usage error naming it."""
     out: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -296,6 +298,7 @@ def _emit(args: argparse.Namespace, obj: dict[str, Any], text: str) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    """``runtime plan``: compile topologies into sealed plan directories."""
     overrides = parse_vars(args.var)
     if args.golden_out and len(args.topologies) != 1:
         raise UsageError("--golden-out takes exactly one TOPOLOGY")
@@ -321,6 +324,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """``runtime verify``: check a plan directory's digests, or a topology against its golden."""
     target: Path = args.target
     if target.is_dir():
         if args.golden:
@@ -355,6 +359,7 @@ def _plan_digest(plan_dir: Path) -> str:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
+    """``runtime graph``: draw a topology or plan's DAG."""
     if args.target.is_dir():
         manifest = read_manifest(args.target)[0]
     else:
@@ -365,6 +370,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """``runtime run``: plan (or verify) and execute one topology or plan directory."""
     from .overrides import parse_sets
     from .plan import PROMPTS_DIR
     from .records import RunSettings
@@ -428,6 +434,7 @@ def _preflight(manifest: Any, settings: Any, redactor: Any) -> Any:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    """``runtime doctor``: run the agent profiles' pre-flight checks, writing nothing."""
     from .preflight import checks_json, doctor, load_manifests, render_checks
 
     targets = args.targets or [Path("topologies")]
@@ -438,6 +445,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
+    """``runtime batch``: run many topologies, then write the summary, findings and report."""
     from rich.console import Console
 
     from .batch import BatchOptions, expand, run_batch
@@ -493,6 +501,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    """``runtime resume``: continue an interrupted run."""
     from .run import resolve_run_dir, resume_run
 
     deadline_at = _deadline_at(args.deadline)
@@ -505,6 +514,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_retry(args: argparse.Namespace) -> int:
+    """``runtime retry``: re-run the failed and skipped nodes of a run, or of a whole batch."""
     from .run import RetryRequest, resolve_run_dir, retry_run
 
     deadline_at = _deadline_at(args.deadline)
@@ -553,6 +563,7 @@ def _retry_batch(args: argparse.Namespace, batch_dir: Path, request: Any, redact
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    """``runtime show``: print a run's state, folded from its ledger."""
     from .run import load_run, resolve_run_dir
 
     run_dir = resolve_run_dir(args.run, args.artifacts)
@@ -565,6 +576,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_findings(args: argparse.Namespace) -> int:
+    """``runtime findings``: merge the accepted SARIF artifacts of runs or a batch."""
     from .findings import collect, json_bytes, sarif_bytes, table_text
 
     found = collect(args.target, args.artifacts)
@@ -753,6 +765,7 @@ def _describe(state: Any, run_dir: Path, *, verbose: bool) -> str:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
+    """``runtime schema``: print the topology file's JSON Schema (for editors and linters)."""
     schema = Topology.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     sys.stdout.write(json.dumps(schema, indent=2, sort_keys=True) + "\n")

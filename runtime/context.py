@@ -32,6 +32,7 @@ class AttemptBudget:
         self._lock = threading.Lock()
 
     def take(self) -> bool:
+        """Spend one attempt of the budget; False when it is exhausted."""
         with self._lock:
             if self.limit is not None and self.used >= self.limit:
                 return False
@@ -73,6 +74,7 @@ class RunContext:
         return out
 
     def profile_digest(self, name: str) -> str:
+        """The digest of profile ``name`` as this run resolved it (recorded in ``attempt.json``)."""
         return self._profile_digests[name]
 
     @functools.cached_property

@@ -28,6 +28,7 @@ SWEEPS = 4
 
 @dataclass(frozen=True)
 class Box:
+    """A node's box, placed: its top-left corner in SVG user units."""
     node: str
     x: float
     y: float
@@ -35,6 +36,7 @@ class Box:
 
 @dataclass(frozen=True)
 class Edge:
+    """An edge from ``source`` to ``target``, as an SVG path."""
     source: str
     target: str
     path: str
@@ -42,6 +44,7 @@ class Edge:
 
 @dataclass(frozen=True)
 class Diagram:
+    """A laid-out DAG, ready to draw as SVG."""
     width: int
     height: int
     boxes: list[Box]

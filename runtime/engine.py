@@ -109,13 +109,16 @@ class Engine(Protocol):
 
     name: str
 
-    def run(self, request: AgentRequest, site: LocalSite) -> AgentOutcome: ...
+    def run(self, request: AgentRequest, site: LocalSite) -> AgentOutcome:
+        """Run one attempt's agent and return what it observed."""
 
 
-def invocation(request: AgentRequest, *, prompt_file: Path, workspace: Path,
+# PLR0913: Maps one-to-one onto Invocation's fields; all but the request keyword-only.
+def invocation(request: AgentRequest, *, prompt_file: Path, workspace: Path,  # noqa: PLR0913
                attempt_dir: Path, env: Mapping[str, str], stdout: BoundedCapture,
                stderr: BoundedCapture, cancel: threading.Event,
                leader_log: Path | None = None) -> Invocation:
+    """Build the adapter's ``Invocation`` for ``request``, at the given local paths."""
     return Invocation(
         run_id=request.run_id, node=request.node, attempt=request.attempt,
         max_attempts=request.max_attempts, prompt=request.prompt.decode("utf-8"),
@@ -130,6 +133,7 @@ class LocalEngine:
     name = LOCAL
 
     def run(self, request: AgentRequest, site: LocalSite) -> AgentOutcome:
+        """Run the agent in this process, in place in the attempt's workspace."""
         started = time.time()
         inv = invocation(request, prompt_file=site.prompt_file, workspace=site.workspace,
                          attempt_dir=site.attempt_dir, env=site.env, stdout=site.stdout,

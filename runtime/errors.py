@@ -50,6 +50,7 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
+        """``file:line: where: message``, as editors and CI logs link it."""
         loc = f"{self.file}:{self.line}" if self.line else self.file
         where = f" {self.where}:" if self.where else ""
         return f"{loc}:{where} {self.message}"

@@ -44,6 +44,7 @@ class NodeExecutor:
         self._last_number = max((a.attempt for a in prior.attempts), default=0)
 
     def run(self) -> NodeOutcome:
+        """Run attempts until the node's policy says stop, and return the node's outcome."""
         while True:
             step = next_step(self.policy, [_past(r) for r in self.history],
                              next_number=self._last_number + 1)

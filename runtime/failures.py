@@ -57,6 +57,7 @@ DEFAULT_RETRY_ON = (
 
 
 class NodeStatus(StrEnum):
+    """Where a node is in a run; succeeded, failed and skipped are terminal."""
     PENDING = "pending"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -64,10 +65,12 @@ class NodeStatus(StrEnum):
     SKIPPED = "skipped"
 
     def is_terminal(self) -> bool:
+        """Whether the node is done for this run (a retry can still make it pending again)."""
         return self in (NodeStatus.SUCCEEDED, NodeStatus.FAILED, NodeStatus.SKIPPED)
 
 
 class RunStatus(StrEnum):
+    """How a run stands: running, or how it ended."""
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"

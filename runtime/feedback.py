@@ -1,11 +1,11 @@
-"""The retry preamble: a trusted header plus one data block naming the prior failures.
+r"""The retry preamble: a trusted header plus one data block naming the prior failures.
 
     <trusted RETRY_HEADER, attempt k of N>
     <prior-failure-v1>
     {"attempt": k, ..., "failures": [...newest first...]}
     </prior-failure-v1>
 
-The JSON is ASCII-only with ``<``, ``>``, ``&`` (and DEL) escaped as ``\\u003c`` etc., so
+The JSON is ASCII-only with ``<``, ``>``, ``&`` (and DEL) escaped as ``\u003c`` etc., so
 the block is printable ASCII and the closing tag can only appear where the runtime
 writes it; NFKC normalisation of ASCII is the identity, so no fullwidth or compatibility
 character can turn into a bracket later. The whole preamble fits ``max_bytes`` after

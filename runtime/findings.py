@@ -89,6 +89,7 @@ class Source:
     artifact_digest: str
 
     def provenance(self) -> dict[str, Any]:
+        """The SARIF ``properties`` that trace a result to its run, node, attempt and artifact."""
         return {"topology": self.topology, "node": self.node, "attempt": self.attempt,
                 "profile": self.profile, "runId": self.run_id, "planDigest": self.plan_digest,
                 "promptDigest": self.prompt_digest, "artifact": self.artifact,
@@ -104,12 +105,15 @@ class Findings:
     problems: list[str] = field(default_factory=list)
 
     def log(self) -> dict[str, Any]:
+        """The merged SARIF 2.1.0 log."""
         return {"$schema": SARIF_SCHEMA_URI, "version": SARIF_VERSION, "runs": self.runs}
 
     def counts(self) -> dict[str, int]:
+        """Findings per SARIF level."""
         return count_levels(self.findings)
 
     def extend(self, other: Findings) -> None:
+        """Add ``other``'s runs, findings and problems to these."""
         self.runs += other.runs
         self.findings += other.findings
         self.problems += other.problems
@@ -175,6 +179,7 @@ def collect(target: str, artifacts: Path) -> Findings:
 
 
 def merge(run_dirs: Iterable[Path]) -> Findings:
+    """Merge the findings of several runs, in the given order."""
     out = Findings()
     for run_dir in run_dirs:
         out.extend(run_findings(run_dir))
@@ -223,7 +228,8 @@ def _accepted_attempt(ns: NodeState) -> tuple[int, str] | None:
     return (done[-1].attempt, done[-1].profile) if done else None
 
 
-def _read_artifact(run_dir: Path, manifest: Manifest, run: tuple[str, str], nid: str,
+# PLR0913: Private: one artifact's provenance (run, node, attempt, profile, digest).
+def _read_artifact(run_dir: Path, manifest: Manifest, run: tuple[str, str], nid: str,  # noqa: PLR0913
                    attempt: int,
                    profile: str, spec: ArtifactSpec, accepted: str | None,
                    ) -> tuple[dict[str, Any] | None, Source | None, str | None]:
@@ -426,16 +432,19 @@ def _flatten(res: dict[str, Any], rules: list[Any], fp: str) -> Finding:
 # -- output -------------------------------------------------------------------------
 
 def sarif_bytes(findings: Findings) -> bytes:
+    """The merged SARIF log, as the bytes of ``findings.sarif``."""
     return (json.dumps(findings.log(), indent=2, ensure_ascii=False) + "\n").encode()
 
 
 def write_sarif(path: Path, findings: Findings) -> Path:
+    """Write the merged SARIF log to ``path`` atomically; return ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     replace_atomically(path, sarif_bytes(findings))
     return path
 
 
 def json_bytes(findings: Findings) -> bytes:
+    """Counts, flattened findings and problems as JSON, for ``runtime findings --json``."""
     obj = {"counts": findings.counts(), "findings": [f.model_dump() for f in findings.findings],
            "problems": findings.problems}
     return (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode()

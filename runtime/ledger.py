@@ -40,6 +40,22 @@ class _Event(BaseModel):
 
 
 class RunStarted(_Event):
+    """A run began, or was resumed or retried: the first event of each process that runs it.
+
+    Attributes:
+        event: the discriminator, ``run.started``.
+        run_id: the run's id (its directory name under ``runs/``).
+        plan_digest: the digest of the plan the run executes; a resume refuses another plan.
+        topology: the topology's name.
+        resumed: this process continues an interrupted run (``runtime resume``).
+        retried: ``runtime retry``: the failed and skipped nodes set back to pending, each
+            with a fresh ``max_attempts``; attempt numbers continue.
+        settings: run-level overrides (agent, jobs, budget, deadline, no_fallback) and
+            per-node retry settings from ``--set``, as ``RunSettings`` dumps them.
+        schema_version: the ledger format version (every event carries it).
+        seq: the event's position in the ledger, from 1 (every event carries it).
+        ts: Unix time the event was appended (every event carries it).
+    """
     event: Literal["run.started"] = "run.started"
     run_id: str
     plan_digest: str
@@ -54,6 +70,19 @@ class RunStarted(_Event):
 
 
 class AttemptStarted(_Event):
+    """An attempt of a node began; its number is unique within the node.
+
+    Attributes:
+        event: the discriminator, ``attempt.started``.
+        node: the node's id.
+        attempt: the attempt's number (its directory under ``attempts/``).
+        profile: the agent profile the attempt runs on (a fallback when the node moved).
+        trigger: ``initial`` for a node's first attempt, ``retry`` for any later one.
+        prior_attempt: the attempt this one retries (None for an initial attempt).
+        prompt_digest: blake3 of the exact prompt the agent was given.
+        preamble_digest: blake3 of the retry preamble inserted (None: none was).
+        waited_s: the rate-limit wait before this attempt, in seconds.
+    """
     event: Literal["attempt.started"] = "attempt.started"
     node: str
     attempt: int
@@ -66,6 +95,23 @@ class AttemptStarted(_Event):
 
 
 class AttemptFinished(_Event):
+    """An attempt ended, with the evidence its outcome was decided on (redacted, bounded).
+
+    Attributes:
+        event: the discriminator, ``attempt.finished``.
+        node: the node's id.
+        attempt: the attempt's number.
+        outcome: ``succeeded`` or the failure class that decided the attempt.
+        exit_code: the agent's exit status (None: it was stopped or never started).
+        error: redacted, bounded error text.
+        summary: one redacted line: the agent's own reason as its adapter recognised it,
+            else the error's first line.
+        fingerprint: the failure's identity across attempts (None on success).
+        duration_s: wall-clock seconds from start to finish.
+        unsatisfied: redacted unsatisfied artifact checks (the retry preamble names them).
+        retry_after_s: rate_limited only: the wait the provider asked for.
+        artifacts: succeeded only: each accepted artifact's workspace path -> blake3 digest.
+    """
     event: Literal["attempt.finished"] = "attempt.finished"
     node: str
     attempt: int
@@ -85,6 +131,15 @@ class AttemptFinished(_Event):
 
 
 class NodeSucceeded(_Event):
+    """A node reached success; its accepted artifacts are what downstream nodes receive.
+
+    Attributes:
+        event: the discriminator, ``node.succeeded``.
+        node: the node's id.
+        attempts: how many attempts the node made, the succeeding one included.
+        artifacts: each accepted artifact's path -> blake3; downstream inputs are checked
+            against it (None: written by a runtime that did not record them).
+    """
     event: Literal["node.succeeded"] = "node.succeeded"
     node: str
     attempts: int
@@ -94,6 +149,15 @@ class NodeSucceeded(_Event):
 
 
 class NodeFailed(_Event):
+    """A node failed for good: no attempt or fallback profile is left.
+
+    Attributes:
+        event: the discriminator, ``node.failed``.
+        node: the node's id.
+        failure: the failure class of the deciding attempt (None: the node failed before
+            any attempt, for example with no profile left after pre-flight).
+        reason: why the node stopped, for a human (a ceiling reached, a budget spent).
+    """
     event: Literal["node.failed"] = "node.failed"
     node: str
     failure: FailureClass | None
@@ -101,6 +165,15 @@ class NodeFailed(_Event):
 
 
 class NodeSkipped(_Event):
+    """A node will not run in this run: an upstream failed, or the run stopped first.
+
+    Attributes:
+        event: the discriminator, ``node.skipped``.
+        node: the node's id.
+        failed_ancestor: the failed (or skipped) upstream node that blocks this one.
+        reason: why, when no ancestor failed (e.g. the run deadline passed before the node
+            started).
+    """
     event: Literal["node.skipped"] = "node.skipped"
     node: str
     failed_ancestor: str | None = Field(default=None, description="The failed (or skipped) "
@@ -110,6 +183,13 @@ class NodeSkipped(_Event):
 
 
 class RunFinished(_Event):
+    """The run ended (or stopped, resumable) with this status.
+
+    Attributes:
+        event: the discriminator, ``run.finished``.
+        status: how the run ended.
+        counts: how many nodes ended in each status.
+    """
     event: Literal["run.finished"] = "run.finished"
     status: RunStatus
     counts: dict[str, int] = Field(default_factory=dict)
@@ -197,6 +277,7 @@ class Ledger:
         return stamped
 
     def close(self) -> None:
+        """Sync and close the ledger, so that every append is on disk before the run reports."""
         os.fsync(self._fd)  # whatever an unsynced append left, before the run reports
         os.close(self._fd)
 
@@ -247,6 +328,24 @@ def parse_events(raw: bytes, path: Path) -> list[Event]:
 
 
 class AttemptRecord(BaseModel):
+    """One attempt of a node, as folded from its ``attempt.started`` and ``attempt.finished``.
+
+    Attributes:
+        attempt: the attempt's number.
+        profile: the agent profile it ran on.
+        trigger: ``initial`` or ``retry``.
+        outcome: ``succeeded``, the failure class, or None while the attempt is unfinished
+            (in the ledger: a crash or a running attempt).
+        exit_code: the agent's exit status (None: stopped, not started, or unfinished).
+        error: redacted, bounded error text.
+        summary: one redacted line in the agent's own words, else the error's first line.
+        fingerprint: the failure's identity across attempts (None on success).
+        duration_s: wall-clock seconds (None while unfinished).
+        unsatisfied: redacted unsatisfied artifact checks.
+        retry_after_s: rate_limited only: the wait the provider asked for.
+        waited_s: the rate-limit wait before the attempt started.
+        artifacts: succeeded only: each accepted artifact's path -> blake3 digest.
+    """
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     attempt: int
@@ -281,6 +380,19 @@ def consecutive_lost(attempts: Iterable[AttemptRecord]) -> int:
 
 
 class NodeState(BaseModel):
+    """A node's state in ``state.json``, folded from the ledger.
+
+    Attributes:
+        status: where the node is in the run.
+        attempts: every attempt, in order (across ``runtime retry`` too).
+        failure: the failure class that ended the node, when it failed.
+        reason: why the node failed or was skipped, for a human.
+        failed_ancestor: the failed (or skipped) upstream that made it skip.
+        artifacts: succeeded: each accepted artifact's path -> blake3 (None otherwise, or
+            when written by a runtime that did not record them).
+        retry_from: the first attempt of the node's current try (``runtime retry`` starts a
+            new one).
+    """
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     status: NodeStatus = NodeStatus.PENDING
@@ -299,14 +411,17 @@ class NodeState(BaseModel):
 
     @property
     def consecutive_lost(self) -> int:
+        """How many of the latest finished attempts were lost, in a row."""
         return consecutive_lost(self.attempts)
 
     @property
     def last_failure(self) -> AttemptRecord | None:
+        """The latest finished attempt that did not succeed, or None."""
         failed = [a for a in self.attempts if a.outcome not in (None, "succeeded")]
         return failed[-1] if failed else None
 
     def unfinished(self) -> list[AttemptRecord]:
+        """Attempts started but never finished (the process running them died)."""
         return [a for a in self.attempts if a.outcome is None]
 
 
@@ -337,7 +452,8 @@ class Folder:
         self.settings: dict[str, Any] = {}
         self.finished = False
 
-    def apply(self, ev: Event) -> None:
+    # C901: One branch per event type: the fold reads best as one dispatch in event order.
+    def apply(self, ev: Event) -> None:  # noqa: C901
         """Fold one event, refusing one that no runtime could have written in this order.
 
         An agent that can write the ledger must not be able to forge an outcome (a
@@ -391,7 +507,8 @@ class Folder:
                 self.status = ev.status
                 self.finished = True
 
-    def _invalid(self, ev: Event) -> str:
+    # C901: One check per forbidden transition, listed together so the rules can be audited.
+    def _invalid(self, ev: Event) -> str:  # noqa: C901
         """Why ``ev`` cannot follow the events folded so far, or ""."""
         if self.head is None and not isinstance(ev, RunStarted):
             return "before run.started"
@@ -428,6 +545,7 @@ class Folder:
         return ""
 
     def state(self) -> RunState:
+        """The run's state as folded so far; a ledger without ``run.started`` is an error."""
         if self.head is None:
             raise LedgerError("ledger.jsonl", "no run.started event; not a run ledger")
         h = self.head

@@ -69,6 +69,13 @@ class PlanNode(_Frozen):
 
 
 class PlanTopology(_Frozen):
+    """The topology a plan was compiled from.
+
+    Attributes:
+        name: the topology's name.
+        description: the topology's description, for reports.
+        digest: blake3 of the topology's canonical JSON (vars applied).
+    """
     name: str
     description: str
     digest: str = Field(description="blake3 of the topology's canonical JSON (vars applied).")
@@ -85,12 +92,13 @@ class Manifest(_Frozen):
     nodes: dict[str, PlanNode]
 
     def to_bytes(self) -> bytes:
+        """The manifest's canonical JSON: the bytes written as ``plan.json`` and digested."""
         return canonical_json(self.model_dump(mode="json", by_alias=True))
 
     def dag(self) -> nx.DiGraph[str]:
         """The node graph (edges upstream -> downstream), for the scheduler and reports.
 
-        Networkx is imported here, not at module level: planning does not need it.
+        networkx is imported here, not at module level: planning does not need it.
         """
         import networkx as nx
 
@@ -101,6 +109,7 @@ class Manifest(_Frozen):
         return graph
 
     def digest(self) -> str:
+        """The plan digest: blake3 of the canonical ``plan.json`` bytes."""
         return blake3_hex(self.to_bytes())
 
 
@@ -114,6 +123,7 @@ class CompiledPlan:
 
     @property
     def digest(self) -> str:
+        """The plan digest, of the exact ``plan.json`` bytes held."""
         return blake3_hex(self.manifest_bytes)
 
 

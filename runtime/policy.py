@@ -116,7 +116,8 @@ def _charged(p: Past) -> bool:
     return p.outcome is None or p.outcome.is_charged()
 
 
-def next_step(policy: NodePolicy, history: Sequence[Past], *, next_number: int,
+# C901: The ceilings in the order they apply; split apart, their precedence would hide.
+def next_step(policy: NodePolicy, history: Sequence[Past], *, next_number: int,  # noqa: C901
               ) -> Run | Stop:
     """Decide the node's next attempt from its finished attempts. Pure.
 

@@ -1,4 +1,4 @@
-"""Pre-flight: can each agent profile a plan would use run at all? (issue 10 item 4)
+"""Pre-flight: can each agent profile a plan would use run at all? (issue 10 item 4).
 
 ``runtime doctor`` prints the checks; ``run`` and ``batch`` make the same checks before
 the first node. Per profile kind:
@@ -83,6 +83,7 @@ class ProfileCheck:
 
     @property
     def ok(self) -> bool:
+        """Whether the check passed."""
         return self.failure is None
 
     def describe(self) -> str:
@@ -138,6 +139,7 @@ def check_profiles(profiles: Mapping[str, AnyProfile], *, env: Mapping[str, str]
 
 def check_profile(name: str, profile: AnyProfile, env: Mapping[str, str],
                   redactor: Redactor) -> ProfileCheck:
+    """Check one profile as its agents will run, redacting what the check prints."""
     started = time.monotonic()
     match profile:
         case CommandProfile():
@@ -456,6 +458,7 @@ def render_checks(checks: list[ProfileCheck], decisions: Mapping[str, Decision])
 
 def checks_json(checks: list[ProfileCheck], decisions: Mapping[str, Decision],
                 ) -> dict[str, object]:
+    """The checks and per-plan decisions as JSON, for ``runtime doctor --json``."""
     return {
         "ok": all(c.ok for c in checks),
         "profiles": [{**c.__dict__, "failure": c.failure.value if c.failure else None,

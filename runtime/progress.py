@@ -28,6 +28,12 @@ from .ledger import AttemptStarted, Event, NodeFailed, NodeSkipped, NodeSucceede
 
 
 class LiveProgress(Progress):
+    """Live rich progress bars: one for the whole batch, one per running topology.
+
+    Args:
+        console: the rich console drawn on (stderr).
+        total: how many topologies the batch holds.
+    """
     def __init__(self, console: Console, total: int) -> None:
         self.bar = RichBar(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                            MofNCompleteColumn(), TimeElapsedColumn(), console=console)
@@ -38,10 +44,12 @@ class LiveProgress(Progress):
         self.lock = threading.Lock()
 
     def __enter__(self) -> LiveProgress:
+        """Start drawing the bars."""
         self.bar.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stop drawing and leave the final bars on the terminal."""
         self.bar.__exit__(None, None, None)
 
     def _label(self, source: str, suffix: str = "") -> str:
@@ -50,11 +58,13 @@ class LiveProgress(Progress):
                 f"{suffix}")
 
     def started(self, source: str, name: str, nodes: int) -> None:
+        """Add a bar for the topology's run, one step per node."""
         with self.lock:
             self.names[source], self.counts[source] = name, [0, 0]
             self.tasks[source] = self.bar.add_task(self._label(source), total=nodes)
 
     def event(self, source: str, event: Event) -> None:
+        """Advance the topology's bar on a terminal node event; count attempts and retries."""
         with self.lock:
             if source not in self.tasks:
                 return
@@ -66,6 +76,7 @@ class LiveProgress(Progress):
                 self.bar.advance(self.tasks[source])
 
     def finished(self, entry: BatchEntry) -> None:
+        """Close the topology's bar with its status and advance the batch's."""
         with self.lock:
             task = self.tasks.get(entry.source)
             if task is not None:
@@ -76,6 +87,7 @@ class LiveProgress(Progress):
 
 
 def summary_table(summary: BatchSummary) -> Table:
+    """The end-of-batch table: one row per topology, with node counts and attempts."""
     table = Table(title=f"batch {summary.batch_id}: {summary.status}")
     for col in ("topology", "status", "succeeded", "failed", "skipped", "attempts",
                 "succeeded after feedback", "findings", "first failure"):
@@ -109,9 +121,11 @@ class LineProgress(Progress):
         self.lock = threading.Lock()
 
     def started(self, source: str, name: str, nodes: int) -> None:
+        """Remember the topology's name for the lines that follow."""
         self.names[source] = name
 
     def event(self, source: str, event: Event) -> None:
+        """Write one line for a node event worth a line."""
         line = event_line(event)
         if line:
             with self.lock:
@@ -119,6 +133,7 @@ class LineProgress(Progress):
                 self.out.flush()
 
     def finished(self, entry: BatchEntry) -> None:
+        """Write the topology's final status."""
         with self.lock:
             self.out.write(f"{entry.topology or entry.source}: {entry.status}\n")
             self.out.flush()

@@ -158,6 +158,7 @@ class RayEngine:
                       ray.exceptions.OutOfMemoryError)
 
     def run(self, request: AgentRequest, site: LocalSite) -> AgentOutcome:
+        """Submit the attempt as a Ray task, cancel it when the attempt is cancelled, deliver it."""
         ray = self._ray
         started = time.time()
         ref = self._task.remote(request)

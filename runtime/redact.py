@@ -227,7 +227,8 @@ def _secret_name(name: str) -> str | None:
     return None
 
 
-def _assignments(text: str) -> list[tuple[int, int, str]]:
+# C901: One pass over the text with its states in one loop, as a scanner reads best.
+def _assignments(text: str) -> list[tuple[int, int, str]]:  # noqa: C901
     """Spans of values whose name says they are secret."""
     lower, spans, seen = _ascii_lower(text), [], -1
     n = len(text)

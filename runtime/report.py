@@ -98,6 +98,7 @@ def _href(base: Path, target: Path) -> str | None:
 
 @dataclass
 class AttemptView:
+    """One attempt as the run report shows it."""
     number: int
     profile: str
     outcome: str
@@ -116,6 +117,7 @@ class AttemptView:
 
 @dataclass
 class NodeView:
+    """One node as the run report shows it."""
     id: str
     status: str
     label: str
@@ -150,7 +152,8 @@ def _note(ns: NodeState, state: RunState) -> str:
     return ns.reason or ""
 
 
-def _node_view(run_dir: Path, manifest: Manifest, state: RunState, nid: str,
+# PLR0913: Private view builder: the run's loaded parts, read once by the caller.
+def _node_view(run_dir: Path, manifest: Manifest, state: RunState, nid: str,  # noqa: PLR0913
                starts: dict[tuple[str, int], float], findings: int) -> NodeView:
     pn, ns = manifest.nodes[nid], state.nodes[nid]
     attempts = _attempt_views(run_dir, nid, ns, starts)
@@ -241,12 +244,14 @@ def _read(path: Path) -> str | None:
 
 @dataclass
 class RunTimes:
+    """When the run and each attempt started, from the ledger's timestamps."""
     started: float | None
     finished: float | None
     attempt_starts: dict[tuple[str, int], float]
 
     @property
     def duration(self) -> float | None:
+        """The run's wall-clock seconds, or None while it has not finished."""
         return self.finished - self.started if self.started and self.finished else None
 
 
@@ -313,6 +318,7 @@ def _sorted(findings: list[Finding]) -> list[Finding]:
 
 @dataclass
 class EntryView:
+    """One topology of a batch as the batch report shows it."""
     entry: BatchEntry
     name: str
     error: str

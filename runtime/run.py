@@ -49,6 +49,7 @@ LOST_ERROR = "the runtime stopped before this attempt finished (crash, kill or p
 
 @dataclass(frozen=True)
 class RunResult:
+    """What a run came to: its id, directory, final status and folded state."""
     run_id: str
     run_dir: Path
     status: RunStatus
@@ -66,6 +67,7 @@ class Hooks:
 
 
 def default_run_id(topology: str) -> str:
+    """A new run id: the topology, a UTC timestamp and random hex (sortable and unique)."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     return f"{topology}-{stamp}-{secrets.token_hex(3)}"
 
@@ -95,7 +97,8 @@ def _require_sandbox(manifest: Manifest, settings: RunSettings) -> None:
     require_bubblewrap(sandboxed_profiles(manifest.agents, used))
 
 
-def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
+# PLR0913: Public entry point; everything after ``settings`` is keyword-only and optional.
+def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,  # noqa: PLR0913
               run_id: str | None = None, redactor: Redactor | None = None,
               hooks: Hooks | None = None, verified: bool = False) -> RunResult:
     """Run a plan directory.
@@ -125,7 +128,8 @@ def start_run(plan_dir: Path, artifacts: Path, settings: RunSettings, *,
         return _drive(layout, manifest, settings, ledger, redactor, hooks)
 
 
-def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes,
+# PLR0913: Private step of start_run: the parts it has already read and checked.
+def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes,  # noqa: PLR0913
             head: RunStarted, operator_prompt: str | None) -> None:
     """Stage the run directory with ``run.started`` recorded, then rename it into place.
 
@@ -177,6 +181,7 @@ def resolve_run_dir(run: str, artifacts: Path) -> Path:
 
 
 def load_run(run_dir: Path) -> tuple[Manifest, RunState]:
+    """Load a run's manifest and its state folded from the ledger (the read side of a run)."""
     events = read_events(run_dir / "ledger.jsonl")
     manifest, raw = read_manifest(run_dir)
     starts = [e for e in events if isinstance(e, RunStarted)]
@@ -293,7 +298,8 @@ def _with_operator_prompt(layout: RunLayout, settings: RunSettings) -> RunSettin
     return settings.model_copy(update={"operator_prompt": text})
 
 
-def _drive(layout: RunLayout, manifest: Manifest, settings: RunSettings, ledger: Ledger,
+# PLR0913: Private step shared by start, resume and retry: the run's opened parts.
+def _drive(layout: RunLayout, manifest: Manifest, settings: RunSettings, ledger: Ledger,  # noqa: PLR0913
            redactor: Redactor | None, hooks: Hooks) -> RunResult:
     state = fold(ledger.events, manifest.nodes)
     limit = settings.max_total_attempts

@@ -24,6 +24,7 @@ INPUT_MAX_BYTES = 1 << 30
 
 
 def check_run_id(run_id: str) -> str:
+    """Return ``run_id`` when it is a safe directory name; a usage error naming it otherwise."""
     if not RUN_ID.match(run_id):
         raise UsageError(f"--run-id {run_id!r}: use 1-128 of [A-Za-z0-9_.-], starting with a "
                          "letter or digit")
@@ -32,14 +33,17 @@ def check_run_id(run_id: str) -> str:
 
 @dataclass(frozen=True)
 class RunLayout:
+    """Where each file of the run at ``root`` lives (DESIGN section 5)."""
     root: Path
 
     @property
     def plan_json(self) -> Path:
+        """The sealed plan the run executes."""
         return self.root / "plan.json"
 
     @property
     def ledger(self) -> Path:
+        """The append-only event log, the run's source of truth."""
         return self.root / "ledger.jsonl"
 
     @property
@@ -49,6 +53,7 @@ class RunLayout:
 
     @property
     def state(self) -> Path:
+        """The state folded from the ledger, rewritten as the run goes (a cache, not the truth)."""
         return self.root / "state.json"
 
     @property
@@ -61,15 +66,19 @@ class RunLayout:
         return self.root / "leaders.jsonl"
 
     def node_dir(self, node: str) -> Path:
+        """Everything of one node."""
         return self.root / "nodes" / node
 
     def prompt_rendered(self, node: str) -> Path:
+        """The node's prompt as planned, before any retry preamble."""
         return self.node_dir(node) / "prompt.rendered.md"
 
     def workspace(self, node: str) -> Path:
+        """The node's working directory, emptied before each attempt."""
         return self.node_dir(node) / "workspace"
 
     def attempt_dir(self, node: str, attempt: int) -> Path:
+        """One attempt's records: ``attempt.json``, the prompt it was given, its logs."""
         return self.node_dir(node) / "attempts" / str(attempt)
 
     def claim_attempt(self, node: str, at_least: int) -> int:

@@ -29,6 +29,12 @@ STATE_INTERVAL_S = 1.0  # state.json is a derived view, refreshed incrementally
 
 
 class Scheduler:
+    """Runs a DAG's nodes as their needs succeed, up to ``jobs`` at a time.
+
+    Args:
+        ctx: what every attempt of the run shares.
+        state: the run's state so far (a resume starts from it).
+    """
     def __init__(self, ctx: RunContext, state: RunState) -> None:
         self.ctx = ctx
         self.graph = ctx.manifest.dag()
@@ -73,6 +79,7 @@ class Scheduler:
                 self._skip_descendants(nid)
 
     def run(self) -> RunStatus:
+        """Run every node that can run, skip those that cannot, and return the run's status."""
         self._skip_blocked_at_start()
         running: dict[Future[NodeOutcome], str] = {}
         with ThreadPoolExecutor(max_workers=self.ctx.settings.jobs,
@@ -176,6 +183,7 @@ class Scheduler:
             self.write_state()
 
     def write_state(self) -> None:
+        """Fold the events appended since the last write and rewrite ``state.json``."""
         events = self.ctx.ledger.events  # appended to by workers; read up to a fixed length
         upto = len(events)
         for ev in events[self._folded:upto]:

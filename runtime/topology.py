@@ -262,7 +262,8 @@ def _dotted(loc: tuple[Any, ...]) -> str:
     return text
 
 
-def _graph_problems(data: dict[str, Any], loaded: LoadedYaml, file: str) -> list[Problem]:
+# C901: Each check appends its problems so all are reported at once (STYLE rule 7).
+def _graph_problems(data: dict[str, Any], loaded: LoadedYaml, file: str) -> list[Problem]:  # noqa: C901
     """Duplicate ids, unknown needs, self-loops and cycles, from the raw data.
 
     Checked on raw data so that a type error elsewhere does not hide a cycle.

@@ -27,7 +27,8 @@ from .files import read_regular
 from .plan import MANIFEST_MAX_BYTES, MANIFEST_NAME, PROMPTS_DIR, CompiledPlan, parse_manifest
 
 
-def verify_plan_dir(plan_dir: Path, expected_digest: str | None = None) -> list[str]:
+# C901: Each check appends its difference so all are reported at once (STYLE rule 7).
+def verify_plan_dir(plan_dir: Path, expected_digest: str | None = None) -> list[str]:  # noqa: C901
     """Check a plan directory against its own manifest; return every difference found."""
     manifest_path = plan_dir / MANIFEST_NAME
     if not manifest_path.is_file():
@@ -87,6 +88,7 @@ class Golden(BaseModel):
 
 
 def golden_of(plan: CompiledPlan, overrides: dict[str, str]) -> Golden:
+    """The golden record of a compiled plan: its digests, for ``runtime verify --golden``."""
     m = plan.manifest
     return Golden(
         topology=m.topology.name,
@@ -106,6 +108,7 @@ GOLDEN_MAX_BYTES = 64 * 1024 * 1024
 
 
 def read_golden(path: Path) -> Golden:
+    """Read a golden file; an unreadable or malformed one is an error naming it."""
     try:
         return Golden.model_validate_json(read_regular(path, GOLDEN_MAX_BYTES))
     except OSError as exc:

@@ -67,6 +67,7 @@ class Watchdog:
             return token
 
     def disarm(self, token: int) -> None:
+        """Stop watching for ``token``, withdrawing an exception that fired but has not landed."""
         with self._lock:
             entry = self._armed.pop(token, None)
             if token in self._fired:

@@ -72,7 +72,8 @@ class AgentExit:
 class Agent(Protocol):
     """Runs one invocation to completion (or timeout, or cancellation)."""
 
-    def run(self, inv: Invocation) -> AgentExit: ...
+    def run(self, inv: Invocation) -> AgentExit:
+        """Run ``inv``'s agent and return the evidence it left; never raises for agent failures."""
 
 
 AnyProfile = CommandProfile | HttpProfile | PythonProfile | SimulatedProfile

@@ -60,6 +60,12 @@ def agent_environment(profile_env: list[str], runtime_env: Mapping[str, str],
 
 
 class CommandAgent:
+    """The ``command`` agent: runs a CLI (claude, codex or any program) as a supervised process.
+
+    Args:
+        profile: the profile naming the program, its argv template, environment allow-list
+            and sandbox settings.
+    """
     def __init__(self, profile: CommandProfile) -> None:
         self.profile = profile
 
@@ -106,6 +112,11 @@ class CommandAgent:
                 sandbox.sandbox_environment(env))
 
     def run(self, inv: Invocation) -> AgentExit:
+        """Launch the agent (sandboxed unless the profile opts out), supervise it, read its result.
+
+        A launch that cannot happen (a missing program, a sandbox that cannot be set up) is an
+        ``AgentExit`` with ``launch_error`` set, not an exception: the attempt records it.
+        """
         launch = self.launch_argv(inv, agent_environment(self.profile.env, inv.env,
                                                          os.environ))
         if isinstance(launch, str):

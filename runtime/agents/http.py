@@ -117,6 +117,11 @@ class HttpAgent:
         self._url = profile.base_url.rstrip("/") + "/chat/completions"
 
     def run(self, inv: Invocation) -> AgentExit:
+        """Send the attempt's prompt to the provider and write the reply's file blocks.
+
+        The API key is read from the profile's ``api_key_env`` here, at call time, so it never
+        sits in a profile, a record or a log.
+        """
         key = None
         if self.profile.api_key_env:
             key = os.environ.get(self.profile.api_key_env)

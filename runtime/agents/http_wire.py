@@ -83,6 +83,7 @@ class DeadlineStream(httpcore.NetworkStream):
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         # A recv that times out consumed nothing, so waiting in POLL_S slices is safe and
         # lets a cancel interrupt a long wait for a reply.
+        """Read up to ``max_bytes``, bounded by the attempt's deadline and its cancel event."""
         give_up = None if timeout is None else self._clock() + timeout
         while True:
             limit = _limit(None, httpcore.ReadTimeout, self._clock)
@@ -99,18 +100,22 @@ class DeadlineStream(httpcore.NetworkStream):
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         # Not sliced: a timed-out send may have sent part of the buffer.
+        """Write all of ``buffer``, bounded by the attempt's deadline."""
         self._inner.write(buffer, _limit(timeout, httpcore.WriteTimeout, self._clock))
 
     def close(self) -> None:
+        """Close the wrapped stream."""
         self._inner.close()
 
     def start_tls(self, ssl_context: Any, server_hostname: str | None = None,
                   timeout: float | None = None) -> httpcore.NetworkStream:
+        """Upgrade to TLS, with the handshake bounded by the attempt's deadline."""
         inner = self._inner.start_tls(ssl_context, server_hostname,
                                       _limit(timeout, httpcore.ConnectTimeout, self._clock))
         return DeadlineStream(inner, self._clock)
 
     def get_extra_info(self, info: str) -> Any:
+        """Pass through to the wrapped stream (httpcore asks it for the socket and TLS details)."""
         return self._inner.get_extra_info(info)
 
 
@@ -125,6 +130,7 @@ class DeadlineBackend(httpcore.NetworkBackend):
     def connect_tcp(self, host: str, port: int, timeout: float | None = None,
                     local_address: str | None = None,
                     socket_options: Iterable[Any] | None = None) -> httpcore.NetworkStream:
+        """Connect over TCP within the attempt's deadline; the stream keeps bounding every I/O."""
         stream = self._inner.connect_tcp(
             host, port, _limit(timeout, httpcore.ConnectTimeout, self._clock),
             local_address, socket_options)
@@ -133,11 +139,13 @@ class DeadlineBackend(httpcore.NetworkBackend):
     def connect_unix_socket(self, path: str, timeout: float | None = None,
                             socket_options: Iterable[Any] | None = None,
                             ) -> httpcore.NetworkStream:
+        """Connect over a Unix socket within the attempt's deadline; the stream bounds every I/O."""
         stream = self._inner.connect_unix_socket(
             path, _limit(timeout, httpcore.ConnectTimeout, self._clock), socket_options)
         return DeadlineStream(stream, self._clock)
 
     def sleep(self, seconds: float) -> None:
+        """Sleep as the wrapped backend does (httpcore calls it between connection retries)."""
         self._inner.sleep(seconds)
 
 

@@ -53,6 +53,11 @@ _leaders: set[int] = set()  # live agent leaders launched by this process
 
 @dataclass(frozen=True)
 class Proc:
+    """One line of ``/proc/<pid>/stat``: enough to tell a process, its parent and its session.
+
+    ``start`` (the start time in clock ticks) tells a process from a later one that reused
+    its pid.
+    """
     pid: int
     ppid: int
     sid: int
@@ -74,6 +79,7 @@ def become_subreaper() -> bool:
 
 
 def stat(pid: int) -> Proc | None:
+    """Read ``/proc/<pid>/stat``; None when the process is gone or the line cannot be parsed."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             raw = fh.read()
@@ -121,11 +127,13 @@ def _last_pid() -> int | None:
 
 
 def register(pid: int) -> None:
+    """Mark ``pid`` as a live attempt leader: another attempt's cleanup must not kill its tree."""
     with _lock:
         _leaders.add(pid)
 
 
 def unregister(pid: int) -> None:
+    """Forget ``pid`` as a leader once its attempt has ended."""
     with _lock:
         _leaders.discard(pid)
 
@@ -211,13 +219,15 @@ def _reap(pid: int, timeout: float = 5.0) -> None:
 
 
 def boot_id() -> str:
+    """This boot's id, so that a leaders log from before a reboot names no live process."""
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
 
 
-def record_leader(log_path: Path, pid: int, start: int, sandboxed: bool, *,
+# PLR0913: One leaders-log record's fields, passed as they are written; node and attempt by keyword.
+def record_leader(log_path: Path, pid: int, start: int, sandboxed: bool, *,  # noqa: PLR0913
                   node: str = "", attempt: int = 0) -> None:
     """Append this leader to the run's leaders log.
 

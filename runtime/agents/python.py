@@ -20,6 +20,7 @@ from . import AgentExit, Invocation
 
 
 def load_target(target: str) -> Callable[[Invocation], Any]:
+    """Import ``module:function`` and return the callable; TypeError when it is not callable."""
     module_name, _, attr = target.partition(":")
     func = getattr(importlib.import_module(module_name), attr)
     if not callable(func):
@@ -28,10 +29,16 @@ def load_target(target: str) -> Callable[[Invocation], Any]:
 
 
 class PythonAgent:
+    """The ``python`` agent: calls the profile's ``module:function`` in a thread of its own.
+
+    Args:
+        profile: the profile naming the ``target`` callable.
+    """
     def __init__(self, profile: PythonProfile) -> None:
         self.profile = profile
 
     def run(self, inv: Invocation) -> AgentExit:
+        """Call the target with ``inv``; an import failure is a launch error, a raise exit 1."""
         try:
             func = load_target(self.profile.target)
         except (ImportError, AttributeError, TypeError) as exc:

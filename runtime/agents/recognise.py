@@ -39,6 +39,7 @@ from ..failures import FailureClass
 
 
 class AgentKind(StrEnum):
+    """Which conventions an agent's output follows, so that its own failure reasons are read."""
     CLAUDE = "claude"
     CODEX = "codex"
     COMMAND = "command"  # any other program: no known conventions

@@ -51,6 +51,7 @@ FIX = "install it (`apt-get install bubblewrap`) or opt the profile out with `sa
 
 @dataclass(frozen=True)
 class Bubblewrap:
+    """The ``bwrap`` found on PATH and its version (recorded in every ``attempt.json``)."""
     path: str
     version: str
 

@@ -86,6 +86,14 @@ def sarif_example(node: str, *, bad: bool = False) -> dict[str, Any]:
 
 
 class SimulatedAgent:
+    """The deterministic ``simulated`` agent, for tests and demos without a real provider.
+
+    It writes the node's declared artifacts, or makes the profile's scripted mistake (a
+    missing artifact, a crash, a hang) on the attempts the profile names.
+
+    Args:
+        profile: the profile scripting which attempts fail, and how.
+    """
     def __init__(self, profile: SimulatedProfile) -> None:
         self.profile = profile
 
@@ -124,6 +132,7 @@ class SimulatedAgent:
         return evidence in block
 
     def run(self, inv: Invocation) -> AgentExit:
+        """Play this attempt: write the artifacts, or make the scripted mistake."""
         mistake = self._mistake(inv)
         kind = mistake.kind if mistake else None
         if kind == "hang":
@@ -148,7 +157,8 @@ class SimulatedAgent:
         return AgentExit(exit_code=0)
 
     @staticmethod
-    def _write(inv: Invocation, spec: ArtifactSpec, name: str, digest: str, *,
+    # PLR0913: Test-agent helper: the two mistake switches are keyword-only flags.
+    def _write(inv: Invocation, spec: ArtifactSpec, name: str, digest: str, *,  # noqa: PLR0913
                broken: bool, bad_sarif: bool = False) -> None:
         path = inv.workspace / name
         path.parent.mkdir(parents=True, exist_ok=True)
