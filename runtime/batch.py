@@ -96,7 +96,18 @@ class BatchEntry(BaseModel):
 
 
 class BatchSummary(BaseModel):
-    """``artifacts/batches/<id>/summary.json``."""
+    """``artifacts/batches/<id>/summary.json``: what a batch came to, one entry per topology.
+
+    Attributes:
+        schema_version: the format version of ``summary.json``.
+        batch_id: the batch's id (its directory name under ``batches/``).
+        status: how the batch ended: succeeded, failed, or cancelled.
+        entries: one entry per topology, in the order given.
+        report: the batch's HTML report, relative to the artifacts root.
+        findings: findings of the batch per SARIF level (error, warning, note, none), as
+            merged into findings.sarif.
+        findings_file: findings.sarif, beside this summary.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -38,8 +38,10 @@ _MESSAGE_LIMIT = 240
 class AcceptanceSummary(BaseModel):
     """Per attempt: which artifact checks held, which failed, and what no machine check covers.
 
-    Per attempt: artifact checks that held, that failed, and free-text acceptance items no
-    machine check covers.
+    Attributes:
+        satisfied: artifact checks that held.
+        unsatisfied: artifact checks that failed (the retry preamble names them).
+        unknown: free-text acceptance items no machine check covers, for a human.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

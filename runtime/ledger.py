@@ -32,6 +32,8 @@ STATE_SCHEMA_VERSION = 1
 
 
 class _Event(BaseModel):
+    """The fields every ledger event carries (documented in each event's Attributes)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: Literal[1] = 1
@@ -154,8 +156,8 @@ class NodeFailed(_Event):
     Attributes:
         event: the discriminator, ``node.failed``.
         node: the node's id.
-        failure: the failure class of the deciding attempt (None: the node failed before
-            any attempt, for example with no profile left after pre-flight).
+        failure: the failure class of the attempt that decided it (None when no
+            attempt's class did).
         reason: why the node stopped, for a human (a ceiling reached, a budget spent).
     """
     event: Literal["node.failed"] = "node.failed"

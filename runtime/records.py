@@ -23,7 +23,21 @@ RETRY_FIELDS = ("max_attempts", "retry_feedback", "retry_on", "timeout_s", "rate
 
 
 class RunSettings(BaseModel):
-    """Run-level choices, recorded in ``run.started`` so a resume behaves the same."""
+    """Run-level choices, recorded in ``run.started`` so a resume behaves the same.
+
+    Attributes:
+        agent: ``--agent``: one profile for all nodes (None: each node's own).
+        no_fallback: never move a node to a fallback profile.
+        jobs: how many nodes execute at once.
+        max_total_attempts: the run's attempt budget across all nodes (None: unbounded).
+        deadline_at: Unix time after which no attempt starts (None: no limit).
+        overrides: ``--set NODE.field=value`` retry overrides, by node.
+        skip_profiles: profiles that failed pre-flight, with why: their nodes start on
+            their next fallback.
+        operator_prompt: trusted text added to every prompt; never serialised (it may
+            hold anything), kept in ``operator-prompt.md``.
+        operator_prompt_digest: blake3 of the operator prompt, recorded in its place.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -53,7 +67,16 @@ class RunSettings(BaseModel):
 
 
 class PriorFailure(BaseModel):
-    """One earlier failed attempt, as the retry preamble reports it."""
+    """One earlier failed attempt, as the retry preamble reports it.
+
+    Attributes:
+        attempt: the failed attempt's number.
+        failure_class: what the runtime classified the failure as.
+        exit_code: the agent's exit status (None: stopped or never started).
+        unsatisfied: artifact checks that failed.
+        error: the redacted, bounded error text.
+        fingerprint: the failure's identity, so repeated failures are reported once.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -66,7 +89,13 @@ class PriorFailure(BaseModel):
 
 
 class SandboxRecord(BaseModel):
-    """How a ``command`` agent's attempt was contained (issue 8)."""
+    """How a ``command`` agent's attempt was contained (issue 8).
+
+    Attributes:
+        enabled: false: the profile opted out with ``sandbox: false``.
+        bubblewrap: bubblewrap's version (None when not sandboxed).
+        network: whether the network was allowed in the sandbox.
+    """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -79,7 +108,38 @@ class AttemptContext(BaseModel):
     """``attempts/<n>/attempt.json``: the attempt's context, then its outcome.
 
     Written once before the agent starts (outcome null) and replaced when it ends.
-    ``RUNTIME_ATTEMPT_CONTEXT`` points agents at this file.
+    ``RUNTIME_ATTEMPT_CONTEXT`` points agents at this file. The ledger, not this file, is
+    the record of truth: an agent can write this file, never the ledger.
+
+    Attributes:
+        schema_version: the format version of ``attempt.json``.
+        run_id: the run's id.
+        node: the node's id.
+        attempt: this attempt's number.
+        max_attempts: the node's ceiling on charged attempts.
+        trigger: ``initial`` or ``retry``.
+        prior_attempt: the attempt this one retries (None for an initial attempt).
+        profile: the agent profile the attempt runs on.
+        profile_digest: blake3 of that profile as resolved for the run.
+        plan_prompt_digest: blake3 of the node's prompt as planned.
+        prompt_digest: blake3 of the prompt the agent was given (preamble included).
+        preamble_digest: blake3 of the retry preamble (None: none was inserted).
+        prior_failures: the earlier failures the preamble reports, newest first.
+        sandbox: command agents only: the containment the attempt ran in.
+        engine: the ``--engine`` the attempt ran on.
+        worker_host: the host name the agent ran on.
+        worker: the engine's worker id (a Ray node id).
+        outcome: ``succeeded``, the failure class, or None while the attempt runs.
+        failure_classes: the attempt's failure class as a list (empty on success).
+        exit_code: the agent's exit status (None: stopped or never started).
+        error: redacted, bounded error text.
+        summary: one redacted line in the agent's own words, else the error's first line.
+        acceptance: the artifact checks that held and failed.
+        stdout_bytes: how many bytes the agent wrote to stdout.
+        stderr_bytes: how many bytes the agent wrote to stderr.
+        started_at: Unix time the attempt started.
+        finished_at: Unix time it finished (None while it runs).
+        duration_s: wall-clock seconds (None while it runs).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
