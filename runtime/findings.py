@@ -317,8 +317,7 @@ def _node_run(topology: str, nid: str, inputs: list[tuple[dict[str, Any], Source
 def _share(pool: list[Any], items: list[Any]) -> list[int]:
     """Append ``items`` to ``pool`` without duplicates; return each item's index in the pool.
 
-    Append ``items`` to ``pool`` (equal entries shared: SARIF asks rules and artifacts to be
-    unique); return each item's new index.
+    Equal entries are shared: SARIF asks rules and artifacts to be unique.
     """
     mapping = []
     for item in items:

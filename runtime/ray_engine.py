@@ -95,10 +95,10 @@ def run_on_worker(request: AgentRequest) -> AgentOutcome:
 def _run_cancellable(request: AgentRequest, inv: Invocation) -> AgentExit:
     """Run the agent in a thread so that a ``ray.cancel`` reaches the adapter as ``inv.cancel``.
 
-    Run the agent in a thread so that a (non-forced) ``ray.cancel``, which raises
-    KeyboardInterrupt in this task's main thread, reaches the adapter as ``inv.cancel``: the
-    adapter then kills the agent's process tree by its own rules before the task ends (a
-    forced cancel would kill the worker and orphan the tree).
+    A non-forced ``ray.cancel`` raises KeyboardInterrupt in this task's main thread; with
+    the agent in another thread, it becomes ``inv.cancel`` and the adapter kills the agent's
+    process tree by its own rules before the task ends (a forced cancel would kill the
+    worker and orphan the tree).
     """
     from .agents import make_agent
 

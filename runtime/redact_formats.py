@@ -1,7 +1,7 @@
 """Credential formats recognised by their own shape, from the vendors' published formats.
 
-Credential formats recognised by their own shape (a vendor prefix, an alphabet, a length),
-written from the vendors' published formats for issue 11.
+The shape is a vendor prefix, an alphabet and a length; the formats were written for
+issue 11.
 
 Each entry is ``(kind, pattern)``. Every pattern starts with a literal prefix, so
 Python's ``re`` can jump between occurrences of the prefix at C speed instead of trying

@@ -1,8 +1,5 @@
 """Strict, sandboxed, bounded jinja2 rendering of node prompts with a variable allow-list.
 
-Strict, sandboxed, bounded jinja2 rendering of node prompts with an explicit variable
-allow-list.
-
 Templates load only from the prompts root, resolved once to an absolute real path; every
 template, include, import and extends is resolved (symlinks followed) and refused
 unless it lands inside that root, is a regular file, is at most ``TEMPLATE_MAX_BYTES``
@@ -266,8 +263,8 @@ class Renderer:
     def check(self, template: str, node: str | None = None) -> None:
         """Raise TemplateError if ``template`` or its includes are not fit to render.
 
-        Raise TemplateError if ``template`` or anything it includes names a disallowed
-        variable, has a syntax error, or includes a template that cannot be found.
+        Not fit: it (or anything it includes) names a disallowed variable, has a syntax
+        error, or includes a template that cannot be found.
         """
         pending = [template]
         while pending:

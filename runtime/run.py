@@ -218,10 +218,10 @@ def retry_run(run_dir: Path, request: RetryRequest, *, redactor: Redactor | None
               hooks: Hooks | None = None, deadline_at: float | None = None) -> RunResult:
     """Re-run the failed and skipped nodes of a run in place.
 
-    Re-run the failed and skipped nodes of a run in place (cancelled ones are pending and
-    run anyway). Succeeded nodes and their artifacts are untouched; attempt numbers
-    continue; each retried node gets a fresh ``max_attempts`` and the run a fresh budget.
-    The retried nodes and the new settings are recorded in the ledger's ``run.started``.
+    Cancelled nodes are pending and run anyway. Succeeded nodes and their artifacts are
+    untouched; attempt numbers continue; each retried node gets a fresh ``max_attempts`` and
+    the run a fresh budget. The retried nodes and the new settings are recorded in the
+    ledger's ``run.started``.
     """
     with hold(run_dir, f"run {run_dir.name}"):
         return _continue(run_dir, redactor, hooks, deadline_at, request)

@@ -199,9 +199,8 @@ def _no_links(root: Path, rel: str) -> bool:
 def remove_tree(root: Path) -> None:
     """Delete ``root`` and everything below it, safely against any tree an agent can leave.
 
-    Delete ``root`` and everything below it, iteratively (an agent can nest deeper than
-    Python's recursion limit), never following a symlink, making read-only directories
-    writable as it goes.
+    Iterative (an agent can nest deeper than Python's recursion limit), never following a
+    symlink, making read-only directories writable as it goes.
     """
     stack = [str(root)]
     while stack:

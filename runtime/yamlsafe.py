@@ -108,8 +108,7 @@ def load_yaml(raw: bytes, file: str) -> tuple[LoadedYaml | None, list[Problem]]:
 def _check_graph(root: yaml.Node, file: str) -> list[Problem]:
     """Refuse alias bombs, recursive aliases, deep nesting and duplicate keys, in one pass.
 
-    Refuse alias bombs, recursive aliases, nesting past ``MAX_DEPTH`` and duplicate mapping
-    keys, in one pass.
+    Deep nesting means past ``MAX_DEPTH``.
     """
     problems: list[Problem] = []
     sizes: dict[int, int] = {}

@@ -48,8 +48,7 @@ _bounds = _Bounds()
 def attempt_bounds(deadline: float, cancel: threading.Event) -> Iterator[None]:
     """Bound this thread's socket operations by ``deadline`` and ``cancel`` while the block runs.
 
-    Bound this thread's socket operations by ``deadline`` (``time.monotonic``) and
-    ``cancel`` while the block runs.
+    ``deadline`` is a ``time.monotonic`` value.
     """
     saved = (_bounds.deadline, _bounds.cancel)
     _bounds.deadline, _bounds.cancel = deadline, cancel

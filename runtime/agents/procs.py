@@ -141,10 +141,9 @@ def unregister(pid: int) -> None:
 def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) -> int:
     """Kill and reap what this process adopted from the attempt led by ``leader``.
 
-    Kill and reap what this process adopted from the attempt led by ``leader`` (which has
-    exited and been reaped). ``scan_all``: read every process, not only those with pids
-    allocated after the leader's (for long attempts, where the pid counter may have
-    wrapped). Returns how many processes were killed.
+    ``leader`` has exited and been reaped. ``scan_all``: read every process, not only those
+    with pids allocated after the leader's (for long attempts, where the pid counter may
+    have wrapped). Returns how many processes were killed.
     """
     me, my_sid = os.getpid(), os.getsid(0)
     killed = 0
@@ -198,8 +197,8 @@ def _subtrees(roots: list[Proc], children: dict[int, list[Proc]]) -> list[Proc]:
 def _reap(pid: int, timeout: float = 5.0) -> None:
     """Reap a child we killed, waiting at most ``timeout``.
 
-    Reap a child we killed, waiting at most ``timeout`` (a process stuck in the kernel may
-    take a while to die; it is not worth hanging the attempt for).
+    A process stuck in the kernel may take a while to die; it is not worth hanging the
+    attempt for.
     """
     try:
         fd = os.pidfd_open(pid)
