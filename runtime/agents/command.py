@@ -160,7 +160,8 @@ class CommandAgent:
                 cancelled: bool) -> AgentExit:
         """Evidence, plus the kind's reading of the agent's own reason.
 
-        Claude's result JSON whatever the exit code, codex's own error lines (recognise.py).
+        For claude, its result JSON whatever the exit code; for codex, its own error lines
+        (recognise.py).
         """
         if cancelled:
             return AgentExit(exit_code=code, cancelled=True)
