@@ -15,11 +15,14 @@ driver never ships their values.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,18 @@ POLL_S = 0.1
 # adapter's own SIGTERM, then SIGKILL after 2 s).
 CANCEL_GRACE_S = 5.0
 INSTALL_HINT = "install the extra: pip install -e '.[ray]'"
+# Joining a cluster that is not there makes ray.init retry for minutes (20 GCS connects of
+# ~35 s each, in Ray 2.60). These bound it: a TCP probe of the address first (a closed
+# port is refused at once, an unroutable host times out), then ray.init itself.
+PROBE_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = 15.0
+# Starting a local Ray takes ~2.5 s on an idle 2-core host; a loaded one is far slower.
+START_TIMEOUT_S = 120.0
+ACCEPTED_ADDRESSES = ("accepted: auto (the cluster `ray start` started on this host, or "
+                      "RAY_ADDRESS), ray://HOST:10001 (Ray Client) or HOST:6379 (the head "
+                      "node's GCS port)")
+_HOST_PORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+)):"
+                        r"(?P<port>[0-9]{1,5})$")
 
 
 def _ray() -> Any:
@@ -128,6 +143,87 @@ def _node_id() -> str:
         return f"pid {os.getpid()}"
 
 
+def parse_address(address: str, flag: str = "--ray-address") -> tuple[str, int] | None:
+    """The host and port ``--ray-address`` names (None for ``auto``, which Ray resolves);
+    any other form is a usage error naming the accepted ones."""
+    if address == "auto":
+        return None
+    rest = address.removeprefix("ray://")
+    match = _HOST_PORT.match(rest)
+    port = int(match["port"]) if match else 0
+    if match is None or not 1 <= port <= 65535:
+        raise UsageError(f"{flag} {address!r}: not a Ray address; {ACCEPTED_ADDRESSES}")
+    return match["v6"] or match["host"], port
+
+
+def probe(flag: str, address: str, host: str, port: int,
+          timeout: float = PROBE_TIMEOUT_S) -> None:
+    """Refuse an address nothing listens on, in at most ``timeout`` seconds."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as exc:
+        reason = (f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError)
+                  else (exc.strerror or str(exc)).lower())
+        raise UsageError(f"{flag} {address}: no Ray cluster answers at {host}:{port} "
+                         f"({reason}); {ACCEPTED_ADDRESSES}") from None
+
+
+def call_within(fn: Callable[[], object], timeout: float) -> BaseException | None:
+    """Run ``fn`` in a daemon thread for at most ``timeout`` seconds: its exception, or a
+    TimeoutError when it has not returned (the thread is abandoned; the CLI exits)."""
+    box: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            fn()
+            box.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            box.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True, name="ray-init")
+    thread.start()
+    thread.join(timeout)
+    return box[0] if box else TimeoutError(f"no answer within {timeout:g} s")
+
+
+class _NotMainThread(logging.Filter):
+    """ray.init off the main thread warns that it set no SIGTERM handler; the CLI sets
+    its own around every run, so the warning is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+
+def connect(ray: Any, address: str | None) -> None:
+    """Join the cluster at ``address`` (None: RAY_ADDRESS, else start a local Ray), or
+    raise a UsageError naming the address and the accepted forms within a bounded time."""
+    named = address or os.environ.get("RAY_ADDRESS") or None
+    flag = "--ray-address" if address else "RAY_ADDRESS"
+    target = parse_address(named, flag) if named else None
+    if named and target is not None:
+        probe(flag, named, *target)
+    timeout = CONNECT_TIMEOUT_S if named else START_TIMEOUT_S
+    quiet = _NotMainThread()
+    log = logging.getLogger("ray._private.worker")
+    log.addFilter(quiet)
+    try:
+        error = call_within(lambda: ray.init(
+            address=address, include_dashboard=False, log_to_driver=False,
+            configure_logging=False), timeout)
+    finally:
+        log.removeFilter(quiet)
+    if error is None:
+        return
+    if not isinstance(error, (ConnectionError, TimeoutError, RuntimeError, ValueError)):
+        raise error
+    detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    if not named:
+        raise UsageError(f"--engine ray: could not start a local Ray ({detail})") from None
+    raise UsageError(f"{flag} {named}: cannot join a Ray cluster there ({detail}); "
+                     f"{ACCEPTED_ADDRESSES}") from None
+
+
 class RayEngine:
     """Submits each attempt as a Ray task to the cluster at ``address`` (None: start or
     join a local one, as ``ray.init`` does)."""
@@ -135,15 +231,12 @@ class RayEngine:
     name = NAME
 
     def __init__(self, address: str | None = None) -> None:
+        if address is not None:
+            parse_address(address)  # a malformed address is refused before Ray starts
         ray = _ray()
         self._ray = ray
         if not ray.is_initialized():
-            try:
-                ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                         configure_logging=False)
-            except ConnectionError as exc:
-                raise UsageError(f"--ray-address {address}: cannot connect to a Ray "
-                                 f"cluster ({exc})") from None
+            connect(ray, address)
         self._task = ray.remote(max_retries=0, retry_exceptions=False)(run_on_worker)
         self._lost = (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
                       ray.exceptions.OutOfMemoryError)
