@@ -22,7 +22,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,12 @@ START_TIMEOUT_S = 120.0
 ACCEPTED_ADDRESSES = ("accepted: auto (the cluster `ray start` started on this host, or "
                       "RAY_ADDRESS), ray://HOST:10001 (Ray Client) or HOST:6379 (the head "
                       "node's GCS port)")
+# A task asking for resources no live node has would wait in Ray forever: checked before
+# submitting, and every FEASIBLE_CHECK_S while waiting (a node may leave). A task whose
+# node died gets its own error from Ray; LOST_GRACE_S leaves time for that to arrive
+# (a lost attempt, run again) before an infeasible wait becomes a launch_error.
+FEASIBLE_CHECK_S = 1.0
+LOST_GRACE_S = 10.0
 _HOST_PORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9_.-]+)):"
                         r"(?P<port>[0-9]{1,5})$")
 
@@ -244,11 +250,35 @@ class RayEngine:
     def run(self, request: AgentRequest, site: LocalSite) -> AgentOutcome:
         ray = self._ray
         started = time.time()
-        ref = self._task.remote(request)
+        resources = request.profile.resources
+        if resources:
+            problem = self.infeasible(request.profile_name, resources)
+            if problem:
+                return AgentOutcome(exit=AgentExit(launch_error=problem), engine=NAME,
+                                    host="", worker="", started_at=started,
+                                    finished_at=time.time())
+            ref = self._task.options(resources=dict(resources)).remote(request)
+        else:
+            ref = self._task.remote(request)
+        checked = time.monotonic()
+        infeasible_since: float | None = None
         while True:
             done, _ = ray.wait([ref], timeout=POLL_S)
             if done:
                 break
+            now = time.monotonic()
+            if resources and now - checked >= FEASIBLE_CHECK_S:
+                checked = now
+                problem = self.infeasible(request.profile_name, resources)
+                if problem is None:
+                    infeasible_since = None
+                elif infeasible_since is None:
+                    infeasible_since = now
+                elif now - infeasible_since >= LOST_GRACE_S:
+                    ray.cancel(ref, force=False)
+                    return AgentOutcome(exit=AgentExit(launch_error=problem), engine=NAME,
+                                        host="", worker="", started_at=started,
+                                        finished_at=time.time())
             if site.cancel.is_set():
                 # Not forced: a killed worker would orphan the agent's process group (it
                 # runs in a session of its own). The task stops the agent itself, within
@@ -265,3 +295,27 @@ class RayEngine:
                 finished_at=time.time(),
                 lost=f"the Ray worker running the attempt died ({type(exc).__name__})")
         return outcome
+
+    def infeasible(self, profile: str, resources: Mapping[str, float]) -> str | None:
+        """Why no live node of the cluster can ever run a task asking for ``resources``
+        (and the one CPU every attempt takes), or None when one can."""
+        wanted = {"CPU": 1.0, **resources}
+        nodes = [n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")]
+        if any(all(have.get(k, 0.0) >= v for k, v in wanted.items()) for have in nodes):
+            return None
+        short = sorted(k for k, v in wanted.items()
+                       if not any(have.get(k, 0.0) >= v for have in nodes))
+        missing = ", ".join(f"{k}: {wanted[k]:g}" for k in (short or sorted(wanted)))
+        where = (f"no live node of the Ray cluster offers {missing}" if short else
+                 f"no single live node of the Ray cluster offers all of {missing}")
+        return (f"profile {profile!r} needs Ray resources {_json_resources(resources)} and "
+                f"{where}; start a worker with them (ray start --address HEAD:6379 "
+                f"--resources '{_json_resources(resources)}') or change the profile's "
+                "resources")
+
+
+def _json_resources(resources: Mapping[str, float]) -> str:
+    import json
+
+    return json.dumps({k: (int(v) if float(v).is_integer() else v)
+                       for k, v in sorted(resources.items())})
