@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import socket
 import tempfile
 import threading
@@ -26,12 +27,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .agents import AgentExit, Invocation
+from .agents import Agent, AgentExit, AnyProfile, Invocation
 from .capture import BoundedCapture
 from .engine import AgentOutcome, AgentRequest, LocalSite, collect_artifacts, invocation
 from .errors import UsageError
+from .profiles import CommandProfile
 
 NAME = "ray"
+log = logging.getLogger(__name__)
 POLL_S = 0.1
 # How long a cancelled task waits for its adapter to stop the agent (the command
 # adapter's own SIGTERM, then SIGKILL after 2 s).
@@ -110,18 +113,52 @@ def run_on_worker(request: AgentRequest) -> AgentOutcome:
             stderr=err, artifacts=artifacts)
 
 
+def worker_agent(profile: AnyProfile) -> Agent:
+    """The adapter a worker runs a profile with: the local one, except that an
+    unsandboxed command agent's leader gets PR_SET_PDEATHSIG (SIGKILL) so it dies with a
+    worker that dies (a sandboxed one has it already: bwrap --die-with-parent, and its
+    pid namespace takes the whole tree). The driver of a remote worker cannot clean up
+    what a dead worker leaves (the local engine's resume does, from agent.json)."""
+    from .agents import make_agent
+    from .agents.command import CommandAgent
+
+    if not isinstance(profile, CommandProfile) or profile.sandbox is not False:
+        return make_agent(profile)
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        log.warning("setpriv (util-linux) is not on this worker's PATH: an unsandboxed agent "
+                    "may outlive a worker that dies")
+        return make_agent(profile)
+    shim: str = setpriv
+
+    class DiesWithWorker(CommandAgent):
+        def launch_argv(self, inv: Invocation, env: dict[str, str],
+                        ) -> tuple[list[str], dict[str, str]] | str:
+            launch = super().launch_argv(inv, env)
+            if isinstance(launch, str):
+                return launch
+            argv, env = launch
+            # A program that is not there stays the adapter's own launch_error (setpriv
+            # would report it as its exit 127 instead).
+            if ("/" in argv[0] and not os.access(argv[0], os.X_OK)) or ("/" not in argv[0] and
+                    shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None):
+                return launch
+            # setpriv execs the agent: the pid (recorded as the leader) is the agent's.
+            return [shim, "--pdeathsig", "KILL", "--", *argv], env
+
+    return DiesWithWorker(profile)
+
+
 def _run_cancellable(request: AgentRequest, inv: Invocation) -> AgentExit:
     """Run the agent in a thread so that a (non-forced) ``ray.cancel``, which raises
     KeyboardInterrupt in this task's main thread, reaches the adapter as ``inv.cancel``:
     the adapter then kills the agent's process tree by its own rules before the task
     ends (a forced cancel would kill the worker and orphan the tree)."""
-    from .agents import make_agent
-
     box: list[AgentExit | BaseException] = []
 
     def target() -> None:
         try:
-            box.append(make_agent(request.profile).run(inv))
+            box.append(worker_agent(request.profile).run(inv))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the task's thread
             box.append(exc)
 

@@ -391,3 +391,60 @@ def test_unset_resources_stay_out_of_the_plan(project: Project) -> None:
     project.write_topology(topo)
     manifest = plan_topology(project.topology, project.prompts).manifest
     assert "resources" not in json.loads(manifest.to_bytes())["agents"]["cmd"]
+
+
+def test_an_agent_dies_with_its_killed_worker(project: Project, ray_engine: Any,
+                                              tmp_path: Path) -> None:
+    """kill -9 of the Ray worker under an unsandboxed agent: the agent goes too (its
+    leader has PR_SET_PDEATHSIG), the attempt is lost and the node runs again."""
+    pidfile = tmp_path / "agent.pid"
+    topo = _topo("sleeper")
+    topo["nodes"] = topo["nodes"][:1]
+    topo["agents"]["sleeper"] = {"kind": "command", "sandbox": False, "argv": [
+        "sh", "-c", f'if [ "$RUNTIME_ATTEMPT" = 1 ]; then echo $$ > {pidfile}; '
+        'exec sleep 300; fi; echo {} > a.json']}
+    killed: list[int] = []
+
+    def kill_the_worker() -> None:
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            threading.Event().wait(0.05)
+        agent = int(pidfile.read_text())
+        worker = int(Path(f"/proc/{agent}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        title = Path(f"/proc/{worker}/cmdline").read_bytes()
+        killed.extend([agent, worker])
+        if title.startswith(b"ray::"):  # the Ray worker, never anything else
+            os.kill(worker, 9)
+
+    threading.Thread(target=kill_the_worker, daemon=True).start()
+    result = run_topology(project, topo, run_id="pdeath", hooks=Hooks(engine=ray_engine))
+    assert result.status is RunStatus.SUCCEEDED
+    assert [a.outcome for a in result.state.nodes["a"].attempts] == [
+        FailureClass.LOST, "succeeded"]
+    agent, worker = killed
+    gone = threading.Event()
+    for _ in range(200):  # SIGKILL on the worker's death: a bounded wait for the kernel
+        if not _running(agent):
+            gone.set()
+            break
+        gone.wait(0.05)
+    assert gone.is_set(), f"agent {agent} outlived its killed worker {worker}"
+
+
+def test_without_the_sandbox_a_missing_program_stays_a_launch_error(tmp_path: Path) -> None:
+    from runtime.agents import Invocation
+    from runtime.profiles import CommandProfile
+    from runtime.ray_engine import worker_agent
+
+    agent = worker_agent(CommandProfile(kind="command", sandbox=False,
+                                        argv=["no-such-agent-program", "-p"]))
+    site = _site(tmp_path)
+    inv = Invocation(run_id="r", node="a", attempt=1, max_attempts=1, prompt="p",
+                     prompt_file=tmp_path / "p", workspace=site.workspace, timeout_s=5,
+                     env={"PATH": os.environ["PATH"]}, artifacts=(), stdout=site.stdout,
+                     stderr=site.stderr, cancel=threading.Event(), attempt_dir=tmp_path)
+    try:
+        exit_ = agent.run(inv)
+    finally:
+        site.stdout.close()
+        site.stderr.close()
+    assert exit_.launch_error == "no-such-agent-program: No such file or directory"
