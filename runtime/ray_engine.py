@@ -45,8 +45,6 @@ INSTALL_HINT = "install the extra: pip install -e '.[ray]'"
 # port is refused at once, an unroutable host times out), then ray.init itself.
 PROBE_TIMEOUT_S = 5.0
 CONNECT_TIMEOUT_S = 15.0
-# Starting a local Ray takes ~2.5 s on an idle 2-core host; a loaded one is far slower.
-START_TIMEOUT_S = 120.0
 ACCEPTED_ADDRESSES = ("accepted: auto (the cluster `ray start` started on this host, or "
                       "RAY_ADDRESS), ray://HOST:10001 (Ray Client) or HOST:6379 (the head "
                       "node's GCS port)")
@@ -240,28 +238,41 @@ class _NotMainThread(logging.Filter):
 
 def connect(ray: Any, address: str | None) -> None:
     """Join the cluster at ``address`` (None: RAY_ADDRESS, else start a local Ray), or
-    raise a UsageError naming the address and the accepted forms within a bounded time."""
+    raise a UsageError naming the address and the accepted forms; joining is bounded."""
     named = address or os.environ.get("RAY_ADDRESS") or None
     flag = "--ray-address" if address else "RAY_ADDRESS"
-    target = parse_address(named, flag) if named else None
-    if named and target is not None:
-        probe(flag, named, *target)
-    timeout = CONNECT_TIMEOUT_S if named else START_TIMEOUT_S
-    quiet = _NotMainThread()
-    log = logging.getLogger("ray._private.worker")
-    log.addFilter(quiet)
-    try:
-        error = call_within(lambda: ray.init(
-            address=address, include_dashboard=False, log_to_driver=False,
-            configure_logging=False), timeout)
-    finally:
-        log.removeFilter(quiet)
+
+    def init() -> None:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+
+    if named is None:
+        # Started here, in this thread, unbounded: Ray starts its GCS and raylet with
+        # PR_SET_PDEATHSIG, which fires when the *thread* that started them ends, so a
+        # helper thread would take the new cluster down with it.
+        error: BaseException | None = None
+        try:
+            init()
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            error = exc
+    else:
+        target = parse_address(named, flag)
+        if target is not None:
+            probe(flag, named, *target)
+        # Joining starts no process: a helper thread bounds it.
+        quiet = _NotMainThread()
+        log = logging.getLogger("ray._private.worker")
+        log.addFilter(quiet)
+        try:
+            error = call_within(init, CONNECT_TIMEOUT_S)
+        finally:
+            log.removeFilter(quiet)
     if error is None:
         return
     if not isinstance(error, (ConnectionError, TimeoutError, RuntimeError, ValueError)):
         raise error
     detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    if not named:
+    if named is None:
         raise UsageError(f"--engine ray: could not start a local Ray ({detail})") from None
     raise UsageError(f"{flag} {named}: cannot join a Ray cluster there ({detail}); "
                      f"{ACCEPTED_ADDRESSES}") from None

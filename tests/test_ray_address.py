@@ -164,3 +164,15 @@ def test_call_within() -> None:
     finally:
         stop.set()
     assert isinstance(late, TimeoutError) and str(late) == "no answer within 0.05 s"
+
+
+def test_without_an_address_the_cli_starts_a_local_ray_that_lasts_the_run(
+        project: Project) -> None:
+    """The default: a local Ray started by the CLI itself. (Started from a helper thread,
+    Ray's GCS and raylet died with that thread: PR_SET_PDEATHSIG follows the thread.)"""
+    project.write_topology(make_topology({"a": [], "b": ["a"]}))
+    done = _cli(project, "run", str(project.topology), "--engine", "ray", "--no-preflight",
+                "--run-id", "local-ray", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    ctx = project.artifacts / "runs" / "local-ray" / "nodes" / "b" / "attempts" / "1"
+    assert '"engine":"ray"' in (ctx / "attempt.json").read_text().replace(" ", "")
