@@ -54,18 +54,18 @@ class _Profile(BaseModel):
         if value is None:
             return None
         if not isinstance(value, dict) or not value:
-            raise _resource_error("expected a non-empty mapping of resource name to quantity, "
-                             "e.g. {claude: 1}")
+            raise _resource_error("expected a non-empty mapping of resource name to "
+                                  "quantity, e.g. {claude: 1}")
         for name, qty in value.items():
             if not isinstance(name, str) or not name.strip():
                 raise _resource_error(f"resource name {name!r}: expected a non-empty string")
             if name in RAY_BUILTIN_RESOURCES:
-                raise _resource_error(f"resource {name!r} is Ray's own; name a custom resource "
-                                 f"(not {', '.join(RAY_BUILTIN_RESOURCES)})")
+                raise _resource_error(f"resource {name!r} is Ray's own; name a custom "
+                                      f"resource (not {', '.join(RAY_BUILTIN_RESOURCES)})")
             if isinstance(qty, bool) or not isinstance(qty, (int, float)) \
                     or not math.isfinite(qty) or qty < RESOURCE_MIN:
-                raise _resource_error(f"resource {name!r}: quantity {qty!r} must be a number of "
-                                 f"at least {RESOURCE_MIN} (e.g. 1, or 0.5)")
+                raise _resource_error(f"resource {name!r}: quantity {qty!r} must be a number "
+                                      f"of at least {RESOURCE_MIN} (e.g. 1, or 0.5)")
         return value
 
     @model_serializer(mode="wrap")
