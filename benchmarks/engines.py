@@ -5,7 +5,8 @@ One plan of N independent nodes on a ``command`` agent that writes its artifact 
 ``--jobs`` on the local engine and on a local Ray started here. Ray's start-up (its
 ``ray.init`` and a small warm-up run that starts the workers) is reported apart.
 Printed: milliseconds per attempt for each engine and their ratio (goal in issue 14:
-ray <= 2x local).
+ray <= 2x local), and the same on Ray with a profile that requests a custom resource
+(each such attempt first checks that a live node offers it: one ``ray.nodes()`` call).
 
     python benchmarks/engines.py [--nodes 100] [--jobs 2]
 """
@@ -29,12 +30,13 @@ from runtime.redact import Redactor  # noqa: E402
 from runtime.run import Hooks, start_run  # noqa: E402
 
 
-def _plan(root: Path, nodes: int) -> Path:
+def _plan(root: Path, nodes: int, resources: dict[str, float] | None = None) -> Path:
     (root / "prompts").mkdir(parents=True)
     (root / "prompts" / "t.md.j2").write_text("Task {{ node.id }}.\n")
     topo = {"schema_version": 1, "name": "bench",
             "agents": {"sh": {"kind": "command", "sandbox": False, "argv": [
-                "sh", "-c", 'printf "{}" > "$RUNTIME_NODE.json"']}},
+                "sh", "-c", 'printf "{}" > "$RUNTIME_NODE.json"'],
+                **({"resources": resources} if resources else {})}},
             "defaults": {"agent": "sh"},
             "nodes": [{"id": f"n{i}", "prompt": "t.md.j2",
                        "artifacts": [{"path": f"n{i}.json", "kind": "json"}]}
@@ -67,7 +69,8 @@ def main() -> None:
         from runtime.ray_engine import RayEngine
 
         t0 = time.perf_counter()
-        ray.init(num_cpus=args.jobs, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=args.jobs, resources={"bench": args.jobs}, include_dashboard=False,
+                 log_to_driver=False)
         engine = RayEngine()
         # A first small run starts the workers and imports the runtime in them: that is
         # start-up, like ray.init, not per-attempt overhead.
@@ -77,12 +80,16 @@ def main() -> None:
         try:
             remote = _per_attempt(plan, root, "ray", args.jobs, Hooks(engine=engine),
                                   args.nodes)
+            limited_plan = _plan(root / "res", args.nodes, {"bench": 1})
+            limited = _per_attempt(limited_plan, root / "res", "res", args.jobs,
+                                   Hooks(engine=engine), args.nodes)
         finally:
             ray.shutdown()
     print(f"{args.nodes} nodes, --jobs {args.jobs}")
     print(f"local engine   {local * 1000:8.1f} ms/attempt")
     print(f"ray engine     {remote * 1000:8.1f} ms/attempt  (start-up {startup:.1f} s apart)")
     print(f"ratio ray/local {remote / local:6.2f}  (goal <= 2.0)")
+    print(f"ray, resources {limited * 1000:8.1f} ms/attempt  (ratio to ray {limited / remote:.2f})")
 
 
 if __name__ == "__main__":
