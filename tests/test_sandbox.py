@@ -444,6 +444,28 @@ def test_kill_leftovers_ignores_a_reused_pid(tmp_path: Path) -> None:
         other.wait()
 
 
+def test_resume_spares_a_same_named_run_under_another_root(tmp_path: Path) -> None:
+    """Two checkouts (or CI jobs) on one host both have a run called test-run: resuming
+    one must not kill the other's agents. The environment marker is the run directory's
+    key, not its id."""
+    mine, theirs = tmp_path / "a" / "runs" / "test-run", tmp_path / "b" / "runs" / "test-run"
+    assert procs.run_key(mine) != procs.run_key(theirs)
+    env = {**os.environ, "RUNTIME_RUN_ID": "test-run",
+           "RUNTIME_RUN_KEY": procs.run_key(theirs)}
+    other = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    try:
+        _wait_for(lambda: procs.stat(other.pid) is not None, "the other run's agent")
+        assert procs.kill_leftovers([], procs.run_key(mine)) == 0
+        assert other.poll() is None
+        assert procs.kill_leftovers([], procs.run_key(theirs)) == 1
+        other.wait(timeout=10)  # (kill_leftovers, a subreaper, may have reaped it already)
+        assert procs.stat(other.pid) is None
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
+
+
 def _p(pid: int, ppid: int, sid: int, start: int = 100) -> procs.Proc:
     return procs.Proc(pid=pid, ppid=ppid, sid=sid, start=start, state="S")
 
