@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -17,15 +17,19 @@ from runtime.agents import AgentExit
 from runtime.capture import BoundedCapture
 from runtime.engine import AgentOutcome, LocalSite, collect_artifacts, deliver
 from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.ledger import Event
 from runtime.records import AttemptContext
 from runtime.redact import Redactor
 from runtime.run import Hooks
 from runtime.topology import ArtifactSpec
 from tests.conftest import REPO, Project, make_topology, python_agents, run_topology
 
+if TYPE_CHECKING:
+    from runtime.ray_engine import RayEngine  # imports ray: only when a test asks for it
+
 
 @pytest.fixture(scope="module")
-def ray_engine() -> Iterator[Any]:
+def ray_engine() -> Iterator[RayEngine]:
     import ray
 
     from runtime.ray_engine import RayEngine
@@ -68,7 +72,7 @@ def _attempt(project: Project, run_id: str, node: str, n: int) -> AttemptContext
     return AttemptContext.model_validate_json((path / "attempt.json").read_bytes())
 
 
-def test_ray_run_records_the_same_ledger_as_local(project: Project, ray_engine: Any) -> None:
+def test_ray_run_records_the_same_ledger_as_local(project: Project, ray_engine: RayEngine) -> None:
     topo = _topo("record_inputs")
     local = run_topology(project, topo, run_id="local")
     remote = run_topology(project, topo, run_id="ray", hooks=Hooks(engine=ray_engine))
@@ -82,11 +86,12 @@ def test_ray_run_records_the_same_ledger_as_local(project: Project, ray_engine: 
     assert (seen / "c.json").exists()
     ctx = _attempt(project, "ray", "c", 1)
     assert (ctx.engine, ctx.worker_host) == ("ray", os.uname().nodename)
-    assert ctx.worker and not ctx.worker.startswith("pid")
+    assert ctx.worker
+    assert not ctx.worker.startswith("pid")
     assert _attempt(project, "local", "c", 1).engine == "local"
 
 
-def test_ray_inputs_reach_the_worker(project: Project, ray_engine: Any) -> None:
+def test_ray_inputs_reach_the_worker(project: Project, ray_engine: RayEngine) -> None:
     topo = make_topology({"a": [], "b": ["a"]})
     topo["agents"] = python_agents("write_all", "record_inputs")
     topo["defaults"] = {"agent": "write_all"}
@@ -98,13 +103,13 @@ def test_ray_inputs_reach_the_worker(project: Project, ray_engine: Any) -> None:
     assert seen.read_text() == "inputs/a/a.json"
 
 
-def test_a_local_run_resumes_on_ray(project: Project, ray_engine: Any) -> None:
+def test_a_local_run_resumes_on_ray(project: Project, ray_engine: RayEngine) -> None:
     from runtime.run import resume_run
 
     topo = _topo("write_all")
     cancel = threading.Event()
 
-    def after(event: Any) -> None:
+    def after(event: Event) -> None:
         if event.event == "node.succeeded":
             cancel.set()  # a succeeded locally; the rest is left for the resume
 
@@ -120,7 +125,7 @@ def test_a_local_run_resumes_on_ray(project: Project, ray_engine: Any) -> None:
 
 
 def test_a_dying_worker_is_a_lost_attempt_and_the_node_reruns(
-        project: Project, ray_engine: Any) -> None:
+        project: Project, ray_engine: RayEngine) -> None:
     topo = _topo("crash_first")
     topo["nodes"] = topo["nodes"][:1]
     result = run_topology(project, topo, run_id="crash", hooks=Hooks(engine=ray_engine))
@@ -132,7 +137,7 @@ def test_a_dying_worker_is_a_lost_attempt_and_the_node_reruns(
     assert "the Ray worker running the attempt died (WorkerCrashedError)" in lost.error
 
 
-def test_cancel_kills_the_ray_task_and_its_agent(project: Project, ray_engine: Any,
+def test_cancel_kills_the_ray_task_and_its_agent(project: Project, ray_engine: RayEngine,
                                                  tmp_path: Path) -> None:
     topo = _topo("sleeper")
     topo["nodes"] = topo["nodes"][:1]
@@ -189,7 +194,8 @@ def test_collect_artifacts_caps_and_refuses_links(tmp_path: Path) -> None:
              ArtifactSpec(path="absent.txt", required=False))
     got, problems = collect_artifacts(tmp_path, specs)
     assert got == {"big.txt": b"x" * 11}  # one past the cap: the driver sees it oversize
-    assert len(problems) == 1 and problems[0].startswith("link.txt: cannot be read on the worker")
+    assert len(problems) == 1
+    assert problems[0].startswith("link.txt: cannot be read on the worker")
 
 
 def test_deliver_never_writes_through_a_link(tmp_path: Path) -> None:
@@ -207,7 +213,8 @@ def test_deliver_never_writes_through_a_link(tmp_path: Path) -> None:
     assert not (tmp_path / "target").exists()
 
 
-def test_ray_address_needs_the_ray_engine(project: Project, capsys: Any) -> None:
+def test_ray_address_needs_the_ray_engine(project: Project,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
     from runtime.cli import main
 
     project.write_topology(_topo("write_all"))
@@ -226,7 +233,7 @@ def test_engine_ray_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch)
         RayEngine()
 
 
-def test_batch_and_retry_run_on_ray_from_the_cli(project: Project, ray_engine: Any) -> None:
+def test_batch_and_retry_run_on_ray_from_the_cli(project: Project, ray_engine: RayEngine) -> None:
     """--engine ray on batch and retry: every attempt of the batch, and of the retry,
     records the ray engine (the module's Ray is joined, not started again)."""
     from runtime.cli import main
