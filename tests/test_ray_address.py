@@ -84,7 +84,8 @@ def test_batch_refuses_it_before_anything_is_written(project: Project) -> None:
     address = f"127.0.0.1:{_closed_port()}"
     done = _cli(project, "batch", str(project.topology), "--engine", "ray",
                 "--ray-address", address, "--no-preflight")
-    assert done.returncode == 2 and f"--ray-address {address}: no Ray" in done.stderr
+    assert done.returncode == 2
+    assert f"--ray-address {address}: no Ray" in done.stderr
     assert not project.artifacts.exists()
 
 
@@ -99,7 +100,8 @@ def test_resume_and_retry_refuse_it_and_leave_the_run_as_it_was(project: Project
     before = ledger.read_bytes()
     address = f"127.0.0.1:{_closed_port()}"
     done = _cli(project, verb, "r", "--engine", "ray", "--ray-address", address)
-    assert done.returncode == 2 and f"--ray-address {address}: no Ray" in done.stderr
+    assert done.returncode == 2
+    assert f"--ray-address {address}: no Ray" in done.stderr
     assert ledger.read_bytes() == before
 
 
@@ -163,7 +165,8 @@ def test_call_within() -> None:
         late = call_within(lambda: stop.wait(30), 0.05)
     finally:
         stop.set()
-    assert isinstance(late, TimeoutError) and str(late) == "no answer within 0.05 s"
+    assert isinstance(late, TimeoutError)
+    assert str(late) == "no answer within 0.05 s"
 
 
 def test_without_an_address_the_cli_starts_a_local_ray_that_lasts_the_run(

@@ -37,7 +37,7 @@ def cluster() -> Iterator[Any]:
         c.wait_for_nodes()
         yield c
     finally:
-        c.shutdown()
+        c.shutdown()  # type: ignore[no-untyped-call]  # ray.cluster_utils is untyped
 
 
 def _topology(project: Project, pidfile: Path) -> Path:
@@ -114,7 +114,8 @@ def test_a_killed_node_is_a_lost_attempt_then_the_other_runs_it_then_a_clear_fai
     lost, rerun = _attempts(project, "elsewhere")
     assert (lost["outcome"], rerun["outcome"]) == ("lost", "succeeded")
     assert lost["error"].startswith("the Ray worker running the attempt died (")
-    assert rerun["engine"] == "ray" and rerun["worker"]
+    assert rerun["engine"] == "ray"
+    assert rerun["worker"]
     gone = threading.Event()
     for _ in range(200):  # the agent died with its worker (PR_SET_PDEATHSIG)
         if not _running(agent):
