@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -149,9 +150,9 @@ def measure(scenario: str, url: str, timeout: float) -> dict[str, Any]:
     return result
 
 
-def timed(fn: Any, *args: Any) -> float:
+def timed(fn: Callable[[str], object], arg: str) -> float:
     start = time.perf_counter()
-    fn(*args)
+    fn(arg)
     return time.perf_counter() - start
 
 

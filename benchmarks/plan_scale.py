@@ -112,21 +112,21 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="plan-scale-") as tmp:
         results = [measure(n, args.repeat, Path(tmp)) for n in args.sizes]
+    linearity: dict[str, float | str] | None = None
     if len(results) > 1:
         a, b = results[0], results[-1]
         growth = (b["plan_s"] / a["plan_s"]) / (b["nodes"] / a["nodes"])
-        results.append({"linearity": round(growth, 2),
-                        "meaning": "time ratio / size ratio between the smallest and largest "
-                                   "size; 1.0 is linear"})
+        linearity = {"linearity": round(growth, 2),
+                     "meaning": "time ratio / size ratio between the smallest and largest "
+                                "size; 1.0 is linear"}
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps([*results, linearity] if linearity else results, indent=2))
         return
     for r in results:
-        if "nodes" in r:
-            print(f"{r['nodes']:>7} nodes: plan {r['plan_s']:.3f} s ({r['nodes_per_s']} "
-                  f"nodes/s), floor {r['floor_s']:.3f} s, ratio {r['ratio_to_floor']}x")
-        else:
-            print(f"linearity (1.0 = linear): {r['linearity']}")
+        print(f"{r['nodes']:>7} nodes: plan {r['plan_s']:.3f} s ({r['nodes_per_s']} "
+              f"nodes/s), floor {r['floor_s']:.3f} s, ratio {r['ratio_to_floor']}x")
+    if linearity:
+        print(f"linearity (1.0 = linear): {linearity['linearity']}")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ does not recognise (a check that the generated samples are format-valid).
 from __future__ import annotations
 
 import argparse
+import io
 import random
 import re
 import subprocess
@@ -29,6 +30,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -182,7 +184,8 @@ def check_samples() -> None:
         return rule_id.removeprefix("betterleaks.").removeprefix("veles.")
 
     samples = {s.family: s for s in secret_families.build()}
-    unseen, other = [], []
+    unseen: list[str] = []
+    other: list[str] = []
     for rule in rules.metadata():
         sample = samples[family(rule["id"])]
         deps = [d["rule_id"] for d in rules.detail(rule["id"])["depends_on_rule"]
@@ -202,8 +205,9 @@ def stderr_cost(mb: int) -> None:
     def drain() -> float:
         start = time.perf_counter()
         proc = subprocess.Popen(gen, stdout=subprocess.PIPE)
-        assert proc.stdout is not None
-        while proc.stdout.read1(65536):
+        # stdout=PIPE without text=True is a BufferedReader; read1 returns what one read gives.
+        stdout = cast(io.BufferedReader, proc.stdout)
+        while stdout.read1(65536):
             pass
         proc.wait()
         return time.perf_counter() - start

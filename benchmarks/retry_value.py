@@ -18,11 +18,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run(feedback: bool, artifacts: Path) -> tuple[dict[str, object], float]:
+def run(feedback: bool, artifacts: Path) -> tuple[dict[str, Any], float]:
     argv = [sys.executable, "-m", "runtime", "run", str(ROOT / "topologies/incident-replay.yaml"),
             "--prompts", str(ROOT / "prompts"), "--artifacts", str(artifacts), "--json"]
     if not feedback:
@@ -39,14 +40,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    rows = []
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for feedback in (True, False):
             times = []
             for i in range(args.repeat):
                 result, elapsed = run(feedback, Path(tmp) / f"{feedback}-{i}")
                 times.append(elapsed)
-            nodes = result["nodes"]  # type: ignore[index]
+            nodes = result["nodes"]
             rows.append({
                 "retry_feedback": feedback, "status": result["status"],
                 "handler_attempts": nodes["durable-handler"]["attempts"],

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from .agents import AgentExit
+from .agents.procs import run_key
 from .agents.recognise import error_tail
 from .assemble import RuntimeContext, assemble_prompt
 from .capture import BoundedCapture
@@ -270,6 +271,7 @@ class Attempt:
     def _env(self, ws: Path) -> Mapping[str, str]:
         return {
             "RUNTIME_RUN_ID": self.ctx.run_id, "RUNTIME_NODE": self.spec.node_id,
+            "RUNTIME_RUN_KEY": run_key(self.ctx.layout.root),
             "RUNTIME_ATTEMPT": str(self.spec.number),
             "RUNTIME_MAX_ATTEMPTS": str(self.spec.policy.ceiling),
             "RUNTIME_WORKSPACE": str(ws.absolute()),

@@ -408,6 +408,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_settings(manifest, settings)
     if not args.no_preflight:
         settings = _preflight(manifest, settings, redactor)
+    # Before anything is written: an engine that cannot start (an unreachable
+    # --ray-address) is a usage error that leaves no plan or run directory.
+    engine = _engine(args)
     if compiled is not None:
         # Only now that every option is known good: write_plan verifies a plan
         # directory it reuses, and writes a new one itself.
@@ -416,7 +419,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     settings = settings.model_copy(update={"deadline_at": _deadline_at(args.deadline)})
     with _cancel_on_signals() as cancel:
         result = start_run(plan_dir, args.artifacts, settings, run_id=args.run_id,
-                           redactor=redactor, hooks=_hooks(cancel, args),
+                           redactor=redactor, hooks=_hooks(cancel, args, engine),
                            verified=verified)
     return _report_run(args, result)
 
@@ -673,20 +676,21 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    help="where attempts' agents run: this process (default) or a Ray cluster "
                    "(pip install -e '.[ray]')")
     p.add_argument("--ray-address", metavar="ADDR",
-                   help="the Ray cluster to join (e.g. HOST:6379 or auto); default: a local "
-                   "one started for this run")
+                   help="the Ray cluster to join: auto, ray://HOST:10001 or HOST:6379; one "
+                   "that does not answer within ~20 s is exit 2; default: a local Ray "
+                   "started for this run")
 
 
-def _hooks(cancel: Any, args: argparse.Namespace) -> Any:
+def _hooks(cancel: Any, args: argparse.Namespace, engine: Any = None) -> Any:
     """Build the run's hooks: cancellation, the engine, and per-node progress lines on stderr.
 
-    The run's hooks: cancellation, the engine, and one stderr line per node event as it
-    happens (CI logs show progress; --json keeps stderr quiet for machines).
+    The engine is ``engine``, else the one --engine names. One stderr line per node event
+    as it happens: CI logs show progress; --json keeps stderr quiet for machines.
     """
     from .run import Hooks
 
     printer = None if getattr(args, "json", False) else _print_event
-    return Hooks(cancel=cancel, after_append=printer, engine=_engine(args))
+    return Hooks(cancel=cancel, after_append=printer, engine=engine or _engine(args))
 
 
 def _engine(args: argparse.Namespace) -> Any:

@@ -6,13 +6,32 @@ always available, so ``--agent simulated`` runs any plan offline.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
+from pydantic_core import PydanticCustomError
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 PLACEHOLDER = re.compile(r"\{(prompt_file|workspace|node)\}")
+# Ray's own resources, requested through other task options (each attempt takes 1 CPU).
+RAY_BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+RESOURCE_MIN = 0.0001  # Ray's resolution of a fractional quantity
+
+
+def _resource_error(message: str) -> PydanticCustomError:
+    # A custom error: the topology problem reads as the message alone, without
+    # pydantic's "Value error, " prefix.
+    return PydanticCustomError("profile_resources", message)
 
 
 class _Profile(BaseModel):
@@ -21,6 +40,43 @@ class _Profile(BaseModel):
     timeout_s: float | None = Field(
         default=None, gt=0, description="Default per-attempt timeout for nodes on this profile."
     )
+    resources: dict[str, float] | None = Field(
+        default=None,
+        description="--engine ray: Ray custom resources each attempt on this profile "
+        "requests (e.g. {claude: 1}), so it runs only on workers started with them "
+        "(`ray start --resources`) and no more run at once than the cluster has. Ignored "
+        "by the local engine.")
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _resource_quantities(cls, value: object) -> object:
+        """Checked here, not by Ray at submission: a bad quantity is a topology error."""
+        if value is None:
+            return None
+        if not isinstance(value, dict) or not value:
+            raise _resource_error("expected a non-empty mapping of resource name to "
+                                  "quantity, e.g. {claude: 1}")
+        for name, qty in value.items():
+            if not isinstance(name, str) or not name.strip():
+                raise _resource_error(f"resource name {name!r}: expected a non-empty string")
+            if name in RAY_BUILTIN_RESOURCES:
+                raise _resource_error(f"resource {name!r} is Ray's own; name a custom "
+                                      f"resource (not {', '.join(RAY_BUILTIN_RESOURCES)})")
+            if isinstance(qty, bool) or not isinstance(qty, (int, float)) \
+                    or not math.isfinite(qty) or qty < RESOURCE_MIN:
+                raise _resource_error(f"resource {name!r}: quantity {qty!r} must be a number "
+                                      f"of at least {RESOURCE_MIN} (e.g. 1, or 0.5)")
+        return value
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_resources(self, handler: SerializerFunctionWrapHandler,
+                              ) -> dict[str, object]:
+        # Unset is left out of the topology and plan digests: a profile that does not use
+        # resources digests as it did before the field existed.
+        data: dict[str, object] = handler(self)
+        if data.get("resources", 0) is None:
+            del data["resources"]
+        return data
 
 
 class SandboxSettings(BaseModel):

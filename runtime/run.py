@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .agents.procs import AGENT_RECORD, kill_leftovers
+from .agents.procs import AGENT_RECORD, kill_leftovers, run_key
 from .agents.sandbox import require_bubblewrap, sandboxed_profiles
 from .context import AttemptBudget, RunContext
 from .digest import blake3_hex
@@ -235,7 +235,7 @@ def _continue(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None,
     # nothing may write the workspaces once the next attempts start.
     kill_leftovers([layout.leaders, *(layout.attempt_dir(nid, a.attempt) / AGENT_RECORD
                                       for nid, ns in state.nodes.items()
-                                      for a in ns.attempts)], state.run_id)
+                                      for a in ns.attempts)], run_key(run_dir))
     retried = [nid for nid, ns in state.nodes.items()
                if ns.status in (NodeStatus.FAILED, NodeStatus.SKIPPED)] if retry else []
     finished = state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED)

@@ -6,10 +6,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
+
+if TYPE_CHECKING:
+    from runtime.run import RunResult
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_CLIS = REPO / ".ci" / "agent-clis" / "node_modules" / ".bin"
@@ -88,7 +91,7 @@ def plan_dir_for(project: Project, topo: Mapping[str, Any]) -> Path:
     return write_plan(plan_topology(project.topology, project.prompts), project.artifacts)
 
 
-def run_topology(project: Project, topo: Mapping[str, Any], **settings: Any) -> Any:
+def run_topology(project: Project, topo: Mapping[str, Any], **settings: Any) -> RunResult:
     """Plan and run in-process; returns the RunResult."""
     from runtime.records import RunSettings
     from runtime.redact import Redactor

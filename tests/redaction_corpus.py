@@ -45,7 +45,10 @@ def _pem(rng: random.Random, label: str) -> tuple[str, str]:
 
 def build() -> list[Case]:
     rng = random.Random(20261130)
-    r = lambda alphabet, n: _r(rng, alphabet, n)  # noqa: E731
+
+    def r(alphabet: str, n: int) -> str:
+        return _r(rng, alphabet, n)
+
     sha1, sha256 = r(HEX, 40), r(HEX, 64)
     uuid = f"{r(HEX, 8)}-{r(HEX, 4)}-4{r(HEX, 3)}-a{r(HEX, 3)}-{r(HEX, 12)}"
     cases: list[Case] = []

@@ -662,8 +662,8 @@ def build(seed: int = 20261130) -> list[Sample]:
             template = _NEUTRAL[i % len(_NEUTRAL)].format(template)
         line, fields = _fill(template, rng)
         # Secret spans, located in the filled line by the same markers.
-        secrets = tuple(re.findall(r"\[\[(.*?)\]\]", line, re.S))
+        spans: tuple[str, ...] = tuple(re.findall(r"\[\[(.*?)\]\]", line, re.S))
         line = line.replace("[[", "").replace("]]", "")
-        fragments = tuple(f for f in fields if len(f) >= 8 and any(f in s for s in secrets))
-        samples.append(Sample(family, line, secrets, fragments))
+        parts = tuple(f for f in fields if len(f) >= 8 and any(f in s for s in spans))
+        samples.append(Sample(family, line, spans, parts))
     return samples

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic.main import IncEx
 
 from runtime.batch import BatchOptions, BatchSummary, run_batch
 from runtime.cli import main
@@ -43,13 +44,17 @@ def test_one_failure_never_stops_the_others(batch_project: Project) -> None:
                                                                       batch_id="b1"))
     by = {e.topology or Path(e.source).stem: e for e in summary.entries}
     assert summary.status == "failed"
-    assert by["good"].status == "succeeded" and by["good"].retries_after_feedback == ["b"]
-    assert by["good"].nodes["b"].attempts == 2 and by["good"].nodes["b"].succeeded_after_feedback
-    assert by["bad"].status == "failed" and by["bad"].nodes["x"].failure == "agent_exit"
-    assert by["broken"].status == "invalid" and "nodes" in (by["broken"].error or "")
+    assert by["good"].status == "succeeded"
+    assert by["good"].retries_after_feedback == ["b"]
+    assert by["good"].nodes["b"].attempts == 2
+    assert by["good"].nodes["b"].succeeded_after_feedback
+    assert by["bad"].status == "failed"
+    assert by["bad"].nodes["x"].failure == "agent_exit"
+    assert by["broken"].status == "invalid"
+    assert "nodes" in (by["broken"].error or "")
     on_disk = BatchSummary.model_validate_json(
         (batch_project.artifacts / "batches" / "b1" / "summary.json").read_bytes())
-    paths = {"report": True, "findings_file": True,
+    paths: dict[str, IncEx | bool] = {"report": True, "findings_file": True,
              "entries": {"__all__": {"run_dir": True, "report": True}}}
     assert on_disk.model_dump(exclude=paths) == summary.model_dump(exclude=paths)
 
@@ -70,7 +75,8 @@ def test_batch_cli_json_and_reports(batch_project: Project,
     code = main(batch_project.cli("batch", str(batch_project.root / "topologies"), "--json",
                                   "--batch-id", "b3", "--jobs", "2", "--node-jobs", "2"))
     out = json.loads(capsys.readouterr().out)
-    assert code == 1 and out["batch_id"] == "b3"
+    assert code == 1
+    assert out["batch_id"] == "b3"
     assert Path(out["report"]).is_file()
     for entry in out["entries"]:
         if entry["run_dir"]:
@@ -103,7 +109,8 @@ def test_batch_set_applies_to_the_topology_that_has_the_node(batch_project: Proj
     summary = run_batch([batch_project.root / "topologies"], _options(
         batch_project, batch_id="b6", sets=("b.retry_feedback=false",)))
     good = next(e for e in summary.entries if e.topology == "good")
-    assert good.status == "failed" and good.nodes["b"].attempts == 2  # no feedback, no fix
+    assert good.status == "failed"
+    assert good.nodes["b"].attempts == 2  # no feedback, no fix
 
 
 def test_live_progress_shows_attempts_and_retries(batch_project: Project) -> None:
@@ -121,7 +128,8 @@ def test_live_progress_shows_attempts_and_retries(batch_project: Project) -> Non
                             _options(batch_project, batch_id="b7"), progress)
     console.print(summary_table(summary))
     text = out.getvalue()
-    assert "good" in text and "attempts   3  retries  1  succeeded" in text
+    assert "good" in text
+    assert "attempts   3  retries  1  succeeded" in text
     assert "attempts   1  retries  0  failed" in text
     assert "2/2" in text  # the overall bar completed
 
@@ -158,12 +166,17 @@ def test_batch_takes_the_run_options_and_logs_events_without_a_terminal(
         "--max-total-attempts", "9", "--deadline", "600", "--operator-prompt", str(operator)))
     err = capsys.readouterr().err
     assert code == 1  # bad fails, as scripted
-    assert "good: [" in err and "b: attempt 1 artifact_contract" in err
-    assert "bad: [" in err and "x: failed, agent_exit" in err and "\nbad: failed\n" in err
+    assert "good: [" in err
+    assert "b: attempt 1 artifact_contract" in err
+    assert "bad: [" in err
+    assert "x: failed, agent_exit" in err
+    assert "\nbad: failed\n" in err
     ledger = batch_project.artifacts / "runs" / "b6-good" / "ledger.jsonl"
     settings = json.loads(ledger.read_text().splitlines()[0])["settings"]
-    assert settings["no_fallback"] is True and settings["max_total_attempts"] == 9
-    assert settings["deadline_at"] is not None and settings["operator_prompt_digest"]
+    assert settings["no_fallback"] is True
+    assert settings["max_total_attempts"] == 9
+    assert settings["deadline_at"] is not None
+    assert settings["operator_prompt_digest"]
     assert settings["overrides"]["a"] == {"timeout_s": 30.0}
 
 
@@ -177,7 +190,8 @@ def test_batch_refuses_bad_run_options_before_writing(
         message: str) -> None:
     code = main(batch_project.cli("batch", str(batch_project.root / "topologies"),
                                   "--batch-id", "b7", flag, value))
-    assert code == 2 and message in capsys.readouterr().err
+    assert code == 2
+    assert message in capsys.readouterr().err
     assert not (batch_project.artifacts / "batches" / "b7").exists()
 
 

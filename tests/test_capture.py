@@ -27,7 +27,8 @@ def test_head_and_tail_kept_and_drop_counted(tmp_path: Path) -> None:
     data = (tmp_path / "out.log").read_bytes()
     assert data.startswith(b"000\n001\n00")
     assert data.endswith(b"\n[... 380 bytes dropped ...]\n7\n098\n099\n")
-    assert cap.total == 400 and cap.dropped == 380
+    assert cap.total == 400
+    assert cap.dropped == 380
     assert b"[... 380 bytes dropped ...]" in data
 
 

@@ -32,7 +32,8 @@ def test_plan_json_and_verify(project: Project, capsys: pytest.CaptureFixture[st
     assert set(result) >= {"plan_digest", "plan_dir", "nodes"}
     assert Path(result["plan_dir"]).name == result["plan_digest"][:16]
     code, out, _ = _run(capsys, *project.cli("verify", result["plan_dir"], "--json"))
-    assert code == 0 and json.loads(out) == {
+    assert code == 0
+    assert json.loads(out) == {
         "ok": True, "target": result["plan_dir"], "plan_digest": result["plan_digest"],
         "differences": []}
 
@@ -44,10 +45,12 @@ def test_invalid_topology_exits_2_without_traceback_or_writes(
     project.write_topology(topo)
     before = _files(project.root)
     code, out, err = _run(capsys, *project.cli("plan", str(project.topology)))
-    assert code == 2 and out == ""
+    assert code == 2
+    assert out == ""
     assert "Traceback" not in err
     assert err.startswith(f"error: {project.topology}: 2 problems")
-    assert "nodes[0].colour: unknown key" in err and "cycle: " in err
+    assert "nodes[0].colour: unknown key" in err
+    assert "cycle: " in err
     assert _files(project.root) == before
 
 
@@ -57,7 +60,8 @@ def test_one_bad_topology_of_several_writes_nothing(
     bad = tmp_path / "bad.yaml"
     bad.write_text("schema_version: 1\nname: bad\nnodes: []\n")
     code, _, err = _run(capsys, *project.cli("plan", str(good), str(bad)))
-    assert code == 2 and "nodes: List should have at least 1 item" in err
+    assert code == 2
+    assert "nodes: List should have at least 1 item" in err
     assert not project.artifacts.exists()
 
 
@@ -72,7 +76,8 @@ def test_template_error_exits_2(project: Project, capsys: pytest.CaptureFixture[
 def test_bad_var_syntax(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     project.write_topology(make_topology({"a": []}))
     code, _, err = _run(capsys, *project.cli("plan", str(project.topology), "--var", "novalue"))
-    assert code == 2 and "--var 'novalue': expected KEY=VALUE" in err
+    assert code == 2
+    assert "--var 'novalue': expected KEY=VALUE" in err
 
 
 def test_tampered_plan_exits_1_and_prints_each_difference(
@@ -96,7 +101,8 @@ def test_golden_roundtrip_and_drift(project: Project, capsys: pytest.CaptureFixt
     assert code == 0
     code, out, _ = _run(capsys, *project.cli("verify", str(project.topology),
                                              "--golden", str(golden)))
-    assert code == 0 and out.startswith("OK ")
+    assert code == 0
+    assert out.startswith("OK ")
     project.template("task.md.j2", "Changed wording for {{ node.id }}.\n")
     code, out, _ = _run(capsys, *project.cli("verify", str(project.topology),
                                              "--golden", str(golden)))
@@ -117,7 +123,8 @@ def test_golden_retry_toggle_changes_only_plan_digest(
     code, out, _ = _run(capsys, *project.cli("verify", str(project.topology),
                                              "--golden", str(golden), "--json"))
     diffs = json.loads(out)["differences"]
-    assert code == 1 and diffs[0].startswith("plan digest ")
+    assert code == 1
+    assert diffs[0].startswith("plan digest ")
     assert not any(d.startswith("node ") for d in diffs)
 
 
@@ -131,7 +138,8 @@ def test_verify_usage_errors(project: Project, capsys: pytest.CaptureFixture[str
     project.write_topology(make_topology({"a": []}))
     argv = [a.format(topology=project.topology, root=project.root) for a in argv]
     code, _, err = _run(capsys, *project.cli(*argv))
-    assert code == 2 and message in err
+    assert code == 2
+    assert message in err
 
 
 @pytest.mark.parametrize(("fmt", "expected"), [
@@ -150,7 +158,8 @@ def test_graph(project: Project, capsys: pytest.CaptureFixture[str], fmt: str,
 def test_schema_is_json_schema_of_topology(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "schema")
     schema = json.loads(out)
-    assert code == 0 and schema["title"] == "Topology"
+    assert code == 0
+    assert schema["title"] == "Topology"
     assert schema["additionalProperties"] is False
     assert "retry_feedback" in schema["$defs"]["Node"]["properties"]
 
@@ -181,7 +190,9 @@ def test_run_json_reports_each_node(project: Project,
     code, out, _ = _run(capsys, *project.cli("run", str(project.topology), "--json",
                                              "--run-id", "r1", "--jobs", "2"))
     result = json.loads(out)
-    assert code == 0 and result["run_id"] == "r1" and result["status"] == "succeeded"
+    assert code == 0
+    assert result["run_id"] == "r1"
+    assert result["status"] == "succeeded"
     assert Path(result["run_dir"]) == project.artifacts / "runs" / "r1"
     assert {n: v["status"] for n, v in result["nodes"].items()} == {
         "a": "succeeded", "b": "succeeded", "c": "succeeded"}
@@ -193,7 +204,8 @@ def test_run_failure_exits_1_and_show_names_the_error(
     code, out, _ = _run(capsys, *project.cli("run", str(project.topology), "--run-id", "r2",
                                              "--agent", "flaky", "--set", "a.max_attempts=1"))
     assert code == 1
-    assert "skipped" in out and "upstream a failed" in out
+    assert "skipped" in out
+    assert "upstream a failed" in out
     code, out, _ = _run(capsys, *project.cli("show", "r2"))
     assert code == 1
     assert "1:artifact_contract[flaky]" in out
@@ -207,14 +219,16 @@ def test_run_then_resume_is_a_no_op(project: Project, capsys: pytest.CaptureFixt
     _run(capsys, *project.cli("run", str(project.topology), "--run-id", "r3"))
     run_dir = project.artifacts / "runs" / "r3"
     code, out, _ = _run(capsys, *project.cli("resume", str(run_dir), "--json"))
-    assert code == 0 and json.loads(out)["status"] == "succeeded"
+    assert code == 0
+    assert json.loads(out)["status"] == "succeeded"
 
 
 def test_run_plan_directory(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     _sim_project(project)
     _, out, _ = _run(capsys, *project.cli("plan", str(project.topology), "--json"))
     code, out, _ = _run(capsys, *project.cli("run", json.loads(out)["plan_dir"], "--json"))
-    assert code == 0 and json.loads(out)["status"] == "succeeded"
+    assert code == 0
+    assert json.loads(out)["status"] == "succeeded"
 
 
 @pytest.mark.parametrize(("extra", "message"), [
@@ -233,7 +247,8 @@ def test_run_usage_errors(project: Project, capsys: pytest.CaptureFixture[str],
                           extra: list[str], message: str) -> None:
     _sim_project(project)
     code, _, err = _run(capsys, *project.cli("run", str(project.topology), *extra))
-    assert code == 2 and message in err, err
+    assert code == 2, err
+    assert message in err, err
     assert not (project.artifacts / "runs").exists() or not any(
         (project.artifacts / "runs").iterdir())
 
@@ -242,12 +257,15 @@ def test_existing_run_id_is_refused(project: Project, capsys: pytest.CaptureFixt
     _sim_project(project)
     _run(capsys, *project.cli("run", str(project.topology), "--run-id", "dup"))
     code, _, err = _run(capsys, *project.cli("run", str(project.topology), "--run-id", "dup"))
-    assert code == 2 and "run dup already exists" in err and "runtime resume" in err
+    assert code == 2
+    assert "run dup already exists" in err
+    assert "runtime resume" in err
 
 
 def test_resume_unknown_run(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = _run(capsys, *project.cli("resume", "nope"))
-    assert code == 2 and "nope: not a run directory" in err
+    assert code == 2
+    assert "nope: not a run directory" in err
 
 
 def test_tampered_plan_is_not_run(project: Project, capsys: pytest.CaptureFixture[str]) -> None:
@@ -258,7 +276,8 @@ def test_tampered_plan_is_not_run(project: Project, capsys: pytest.CaptureFixtur
     os.chmod(victim, 0o644)
     victim.write_text("tampered\n")
     code, _, err = _run(capsys, *project.cli("run", str(plan_dir)))
-    assert code == 1 and "the plan does not verify; refusing to run" in err
+    assert code == 1
+    assert "the plan does not verify; refusing to run" in err
 
 
 def test_signal_handlers_are_restored_after_a_run(

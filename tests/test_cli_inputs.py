@@ -23,7 +23,8 @@ def _invalid(project: Project, capsys: pytest.CaptureFixture[str], argv: list[st
     out, err = capsys.readouterr()
     assert code == 2, err
     assert message in err, err
-    assert "Traceback" not in err and out == ""
+    assert "Traceback" not in err
+    assert out == ""
     assert _snapshot(project.root) == before
 
 
@@ -151,5 +152,6 @@ def test_a_valid_deadline_is_recorded_from_the_run_start(
     code = main(project.cli("run", str(topo), "--run-id", "dl", "--deadline", "3600"))
     capsys.readouterr()
     started = read_events(project.artifacts / "runs" / "dl" / "ledger.jsonl")[0]
-    assert code == 0 and isinstance(started, RunStarted)
+    assert code == 0
+    assert isinstance(started, RunStarted)
     assert before + 3600 <= started.settings["deadline_at"] <= time.time() + 3600

@@ -15,7 +15,8 @@ def _spec(**kw: Any) -> ArtifactSpec:
     return ArtifactSpec.model_validate({"path": "out.json", "kind": "json", **kw})
 
 
-CASES: list[tuple[str, dict[str, Any], Callable[[Path], None], str | None]] = [
+# The setup lambdas return whatever write_text/mkdir return; the value is ignored.
+CASES: list[tuple[str, dict[str, Any], Callable[[Path], object], str | None]] = [
     ("valid", {}, lambda ws: (ws / "out.json").write_text('{"a": 1}'), None),
     ("missing names what exists", {}, lambda ws: (ws / "draft-out.json").write_text("{}"),
      "out.json: required artifact missing; the workspace has: draft-out.json"),
@@ -39,13 +40,14 @@ CASES: list[tuple[str, dict[str, Any], Callable[[Path], None], str | None]] = [
 
 @pytest.mark.parametrize(("label", "spec", "setup", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_artifact_checks(tmp_path: Path, label: str, spec: dict[str, Any],
-                         setup: Callable[[Path], None], expected: str | None) -> None:
+                         setup: Callable[[Path], object], expected: str | None) -> None:
     setup(tmp_path)
     problem = check_artifact(tmp_path, _spec(**spec))
     if expected is None:
         assert problem is None
     else:
-        assert problem is not None and problem.startswith(expected), problem
+        assert problem is not None
+        assert problem.startswith(expected), problem
 
 
 def test_inputs_are_not_listed_as_what_the_agent_wrote(tmp_path: Path) -> None:

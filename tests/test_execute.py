@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runtime.failures import FailureClass, NodeStatus, RunStatus
-from runtime.ledger import read_events
+from runtime.ledger import Event, read_events
 from runtime.records import AttemptContext
 from tests.conftest import Project, make_topology, python_agents, run_topology
 
@@ -44,7 +44,8 @@ def test_failure_classes(project: Project, agent: str, extra: dict[str, Any],
     result = run_topology(project, _topo(agent, a=extra))
     assert result.status is RunStatus.FAILED
     node = result.state.nodes["a"]
-    assert node.status is NodeStatus.FAILED and node.failure is failure
+    assert node.status is NodeStatus.FAILED
+    assert node.failure is failure
     assert [a.outcome for a in node.attempts] == [failure] * attempts
     ctx = _attempt(project, "a", attempts)
     assert ctx.failure_classes == [failure]
@@ -57,8 +58,10 @@ def test_launch_error_is_not_retried_by_default(project: Project) -> None:
     topo["agents"]["cmd"] = {"kind": "command", "argv": ["/nonexistent/agent-binary"]}
     result = run_topology(project, topo)
     node = result.state.nodes["a"]
-    assert node.failure is FailureClass.LAUNCH_ERROR and len(node.attempts) == 1
-    assert node.reason is not None and "launch_error on profile cmd" in node.reason
+    assert node.failure is FailureClass.LAUNCH_ERROR
+    assert len(node.attempts) == 1
+    assert node.reason is not None
+    assert "launch_error on profile cmd" in node.reason
     assert "/nonexistent/agent-binary" in node.attempts[0].error
 
 
@@ -68,7 +71,8 @@ def test_retry_succeeds_and_records_both_attempts(project: Project) -> None:
     assert result.status is RunStatus.SUCCEEDED
     assert [a.outcome for a in node.attempts] == [FailureClass.AGENT_EXIT, "succeeded"]
     first = _attempt(project, "a", 1)
-    assert first.exit_code == 3 and "boom in a" in first.error
+    assert first.exit_code == 3
+    assert "boom in a" in first.error
     assert first.prompt_digest == _attempt(project, "a", 2).prompt_digest  # feedback off
 
 
@@ -76,7 +80,8 @@ def test_retry_on_excludes_a_class(project: Project) -> None:
     topo = _topo("always_exit_2")
     topo["defaults"]["retry_on"] = ["artifact_contract"]
     node = run_topology(project, topo).state.nodes["a"]
-    assert len(node.attempts) == 1 and node.reason == "agent_exit is not in retry_on"
+    assert len(node.attempts) == 1
+    assert node.reason == "agent_exit is not in retry_on"
 
 
 def test_skip_propagation_names_failed_ancestor_and_independent_branch_runs(
@@ -114,7 +119,7 @@ def test_deadline_stops_new_attempts(project: Project) -> None:
 def test_digest_mismatch_is_never_retried(project: Project) -> None:
     from runtime.run import Hooks
 
-    def tamper(event: Any) -> None:
+    def tamper(event: Event) -> None:
         if event.event == "run.started":
             path = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "prompt.rendered.md"
             os.chmod(path, 0o644)
@@ -155,7 +160,8 @@ def test_upstream_artifacts_are_read_only_inputs(project: Project) -> None:
     mode = stat.S_IMODE((ws / "inputs" / "a" / "a.json").stat().st_mode)
     assert mode == 0o444
     prompt = (ws.parent / "attempts" / "1" / "prompt.md").read_text()
-    assert "- inputs/a/a.json" in prompt and str(project.root) not in prompt
+    assert "- inputs/a/a.json" in prompt
+    assert str(project.root) not in prompt
 
 
 def test_workspace_is_emptied_before_each_attempt(project: Project) -> None:
@@ -178,7 +184,8 @@ def test_secrets_never_reach_ledger_state_or_attempt(project: Project,
     for path in [run_dir / "ledger.jsonl", run_dir / "state.json",
                  *run_dir.glob("nodes/*/attempts/*/attempt.json")]:
         text = path.read_text()
-        assert secret not in text and "AKIAABCDEFGHIJKLMNOP" not in text, path
+        assert secret not in text, path
+        assert "AKIAABCDEFGHIJKLMNOP" not in text, path
         assert "ghp_a1B2" not in text, path
     assert "[REDACTED:" in (run_dir / "ledger.jsonl").read_text()
 
@@ -212,12 +219,14 @@ def test_attempt_files_and_environment(project: Project, sandboxed: bool) -> Non
     assert (adir / "stderr.log").read_text() == "err\n"
     env = dict(line.split("=", 1) for line in
                (node_dir / "workspace" / "env.txt").read_text().splitlines() if "=" in line)
-    assert env["RUNTIME_NODE"] == "a" and env["RUNTIME_ATTEMPT"] == "1"
+    assert env["RUNTIME_NODE"] == "a"
+    assert env["RUNTIME_ATTEMPT"] == "1"
     assert env["RUNTIME_RUN_ID"] == "test-run"
     assert Path(env["RUNTIME_ATTEMPT_CONTEXT"]) == (
         Path("/mnt/attempt/attempt.json") if sandboxed else adir.absolute() / "attempt.json")
     ctx = json.loads((adir / "attempt.json").read_text())
-    assert ctx["outcome"] == "succeeded" and ctx["stdout_bytes"] == 4
+    assert ctx["outcome"] == "succeeded"
+    assert ctx["stdout_bytes"] == 4
 
 
 def test_a_key_longer_than_the_error_tail_reaches_no_record(project: Project) -> None:

@@ -6,6 +6,7 @@ import json
 import re
 import unicodedata
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -18,7 +19,7 @@ from runtime.feedback import encode_block, fingerprint, render_preamble
 from runtime.plan import plan_topology
 from runtime.records import PriorFailure
 from runtime.redact import Redactor
-from runtime.run import start_run
+from runtime.run import RunResult, start_run
 from tests.conftest import REPO, Project
 
 INCIDENT = REPO / "topologies" / "incident-replay.yaml"
@@ -31,18 +32,19 @@ def _failure(error: str, attempt: int = 1, unsatisfied: list[str] | None = None,
                         fingerprint=fingerprint(cls, error))
 
 
-def _block_json(preamble: str) -> dict[str, object]:
+def _block_json(preamble: str) -> dict[str, Any]:
     body = preamble.split(PRIOR_FAILURE_OPEN + "\n", 1)[1].rsplit("\n" + PRIOR_FAILURE_CLOSE, 1)
-    data: dict[str, object] = json.loads(body[0])
+    data: dict[str, Any] = json.loads(body[0])
     return data
 
 
-def _run_incident(tmp_path: Path, feedback: bool) -> tuple[object, Path]:
+def _run_incident(tmp_path: Path, feedback: bool) -> tuple[RunResult, Path]:
     from runtime.plan import write_plan
+    from runtime.policy import NodeOverrides
     from runtime.records import RunSettings
 
     plan_dir = write_plan(plan_topology(INCIDENT, REPO / "prompts"), tmp_path / "artifacts")
-    overrides = {} if feedback else {"durable-handler": {"retry_feedback": False}}
+    overrides = {} if feedback else {"durable-handler": NodeOverrides(retry_feedback=False)}
     result = start_run(plan_dir, tmp_path / "artifacts", RunSettings(overrides=overrides),
                        run_id="incident", redactor=Redactor())
     return result, plan_dir
@@ -109,14 +111,15 @@ def test_preamble_is_bounded_after_encoding(bound: int) -> None:
     failures = [_failure(huge + str(i), attempt=i) for i in (3, 2, 1)]
     text = render_preamble(4, 4, failures, bound)
     assert len(text.encode()) <= bound
-    assert text.count(PRIOR_FAILURE_CLOSE) == 1 and text.count(PRIOR_FAILURE_OPEN) == 1
+    assert text.count(PRIOR_FAILURE_CLOSE) == 1
+    assert text.count(PRIOR_FAILURE_OPEN) == 1
     assert "characters dropped" in json.dumps(_block_json(text))
 
 
 def test_distinct_failures_newest_first() -> None:
     failures = [_failure("second error", 2), _failure("first error", 1)]
     data = _block_json(render_preamble(3, 4, failures, 8192))
-    assert [f["attempt"] for f in data["failures"]] == [2, 1]  # type: ignore[index]
+    assert [f["attempt"] for f in data["failures"]] == [2, 1]
 
 
 def test_fingerprint_ignores_numbers_and_hex() -> None:
@@ -155,10 +158,13 @@ def test_block_properties(error: str, extra: list[str], bound: int) -> None:
     text = render_preamble(2, 3, [failure], bound)
     assert len(text.encode()) <= bound
     block = text.split(PRIOR_FAILURE_OPEN + "\n", 1)[1]
-    assert len(CLOSE_RE.findall(block)) == 1 and block.endswith(PRIOR_FAILURE_CLOSE)
+    assert len(CLOSE_RE.findall(block)) == 1
+    assert block.endswith(PRIOR_FAILURE_CLOSE)
     body = block[: -len(PRIOR_FAILURE_CLOSE) - 1]
     assert all(32 <= ord(ch) < 127 for ch in body), "block must be printable ASCII"
-    assert "<" not in body and ">" not in body and "&" not in body
+    assert "<" not in body
+    assert ">" not in body
+    assert "&" not in body
     assert unicodedata.normalize("NFKC", body) == body
     decoded = json.loads(body)["failures"][0]
     if len(text.encode()) < bound - 200 and "characters dropped" not in decoded["error"]:
@@ -169,6 +175,7 @@ def test_block_properties(error: str, extra: list[str], bound: int) -> None:
 @given(st.text(alphabet=st.characters(codec="utf-8"), max_size=500))
 def test_encoding_is_ascii_and_round_trips(value: str) -> None:
     encoded = encode_block({"error": value})
-    assert encoded.isascii() and not set(encoded) & set("<>&\x7f")
+    assert encoded.isascii()
+    assert not set(encoded) & set("<>&\x7f")
     assert all(ch.isprintable() for ch in encoded)
     assert json.loads(encoded) == {"error": value}

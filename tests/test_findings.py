@@ -79,7 +79,8 @@ def test_sarif_artifact_check(tmp_path: Path, label: str, log: Any, expected: st
     if expected is None:
         assert problem is None
     else:
-        assert problem is not None and expected in problem, problem
+        assert problem is not None
+        assert expected in problem, problem
 
 
 def test_sarif_that_is_not_json_names_the_position(tmp_path: Path) -> None:
@@ -123,7 +124,8 @@ def test_schema_failure_reaches_the_retry_preamble_and_is_fixed(project: Project
 def test_without_feedback_the_same_schema_failure_repeats(project: Project) -> None:
     result = run_topology(project, _sarif_topology(feedback=False))
     scan = result.state.nodes["scan"]
-    assert result.status == "failed" and scan.status == "failed"
+    assert result.status == "failed"
+    assert scan.status == "failed"
     assert [a.outcome for a in scan.attempts] == ["artifact_contract"] * 2
     assert result.state.nodes["report"].status == "skipped"
     assert run_findings(Path(result.run_dir)).findings == []
@@ -169,14 +171,19 @@ def test_batch_writes_findings_sarif_and_counts(sarif_batch: Project) -> None:
     results = _results(batch_dir / "findings.sarif")
     assert len(results) == 4
     prov = results[-1]["properties"]["dagRuntime"]
-    assert prov["topology"] == "beta" and prov["node"] == "scan" and prov["attempt"] == 2
-    assert prov["profile"] == "sim" and prov["runId"] == "b1-beta"
-    assert prov["artifact"] == "scan.sarif" and len(prov["artifactDigest"]) == 64
+    assert prov["topology"] == "beta"
+    assert prov["node"] == "scan"
+    assert prov["attempt"] == 2
+    assert prov["profile"] == "sim"
+    assert prov["runId"] == "b1-beta"
+    assert prov["artifact"] == "scan.sarif"
+    assert len(prov["artifactDigest"]) == 64
     assert prov["planDigest"] == summary.entries[1].plan_digest
     assert len(prov["promptDigest"]) == 64
     on_disk = json.loads((batch_dir / "summary.json").read_text())
     assert on_disk["findings"] == summary.findings
-    assert sum(summary.findings.values()) == 4 and set(summary.findings) == {
+    assert sum(summary.findings.values()) == 4
+    assert set(summary.findings) == {
         "error", "warning", "note", "none"}
     assert sum(summary.entries[0].findings.values()) == 2
     assert on_disk["findings_file"].endswith("findings.sarif")
@@ -191,7 +198,8 @@ def test_fingerprints_are_stable_across_batches(sarif_batch: Project) -> None:
         return [r["partialFingerprints"][FINGERPRINT_KEY] for r in _results(path)]
 
     first, second = prints("first"), prints("second")
-    assert first == second and len(set(first)) == len(first) == 4
+    assert first == second
+    assert len(set(first)) == len(first) == 4
 
 
 def _source(node: str = "n") -> Source:
@@ -262,7 +270,8 @@ def test_a_valid_sarif_swapped_in_after_acceptance_is_not_merged(project: Projec
     sarif.chmod(0o644)
     sarif.write_text(json.dumps(log))
     found = run_findings(Path(result.run_dir))
-    assert found.findings == [] and "changed after it was accepted" in found.problems[0]
+    assert found.findings == []
+    assert "changed after it was accepted" in found.problems[0]
 
 
 # -- the CLI verb -----------------------------------------------------------------------
@@ -276,12 +285,14 @@ def test_findings_verb_formats(sarif_batch: Project, tmp_path: Path,
     assert main(["findings", "b3-alpha", "--artifacts", art, "--format", "json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert {f["node"] for f in obj["findings"]} == {"scan", "review"}
-    assert sum(obj["counts"].values()) == 2 and obj["problems"] == []
+    assert sum(obj["counts"].values()) == 2
+    assert obj["problems"] == []
     assert main(["findings", "b3", "--artifacts", art]) == 0
     table = capsys.readouterr().out
     for header in ("level", "rule", "location", "message", "node"):
         assert header in table
-    assert "SIM-SCAN" in table and "beta/scan" in table
+    assert "SIM-SCAN" in table
+    assert "beta/scan" in table
     out = tmp_path / "out" / "f.sarif"
     assert main(["findings", "b3", "--artifacts", art, "--format", "sarif", "-o",
                  str(out), "--json"]) == 0
@@ -306,7 +317,8 @@ def test_findings_text_is_inert_in_the_table() -> None:
     from runtime.findings import table_text
 
     text = table_text(Findings(runs=[run], findings=findings))
-    assert "[bold red]x[/] red" in text and "\x1b" not in text
+    assert "[bold red]x[/] red" in text
+    assert "\x1b" not in text
 
 
 # -- the shipped topologies produce findings end to end ---------------------------------
@@ -322,7 +334,8 @@ def test_each_shipped_topology_declares_sarif_and_asks_for_it(topology: Path) ->
     assert sarif_nodes, topology.name
     for nid in sarif_nodes:
         prompt = plan.prompts[plan.manifest.nodes[nid].prompt_digest].decode()
-        assert "## Findings as SARIF 2.1.0" in prompt and "ruleId" in prompt, nid
+        assert "## Findings as SARIF 2.1.0" in prompt, nid
+        assert "ruleId" in prompt, nid
 
 
 def test_main_job_shows_findings_end_to_end(tmp_path: Path,

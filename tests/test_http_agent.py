@@ -146,7 +146,8 @@ def test_compressed_replies_are_decoded(h: Harness, encoding: str) -> None:
         c = zlib.compressobj(wbits=-zlib.MAX_WBITS)
         data, encoding = c.compress(raw) + c.flush(), "deflate"
     result, inv = h.run([streamed(200, data, {"content-encoding": encoding})])
-    assert result.exit_code == 0 and (inv.workspace / "findings.json").exists()
+    assert result.exit_code == 0
+    assert (inv.workspace / "findings.json").exists()
 
 
 # ---- recorded LiteLLM replies -----------------------------------------------------------
@@ -181,11 +182,15 @@ def test_recorded_failures_are_classified_at_once(
         h: Harness, name: str, failure: FailureClass, summary: str, after: float | None,
         ) -> None:
     result, _ = h.run([recorded(name)])
-    assert result.failure is failure and result.exit_code == 1
-    assert result.summary is not None and result.summary.startswith(summary)
-    assert "\n" not in result.summary and len(result.summary) <= 300
+    assert result.failure is failure
+    assert result.exit_code == 1
+    assert result.summary is not None
+    assert result.summary.startswith(summary)
+    assert "\n" not in result.summary
+    assert len(result.summary) <= 300
     assert result.retry_after_s == after
-    assert len(h.requests) == 1 and h.waits == []  # no retry, no sleep in the adapter
+    assert len(h.requests) == 1
+    assert h.waits == []  # no retry, no sleep in the adapter
 
 
 def test_recorded_success(h: Harness) -> None:
@@ -197,9 +202,11 @@ def test_recorded_success(h: Harness) -> None:
 def test_recorded_server_error_is_retried_briefly_then_agent_exit(h: Harness) -> None:
     result, _ = h.run([recorded("server_error") for _ in range(4)], retries=3)
     assert result.failure is FailureClass.AGENT_EXIT
-    assert result.summary is not None and result.summary.startswith(
+    assert result.summary is not None
+    assert result.summary.startswith(
         "HTTP 500 Internal Server Error: litellm.InternalServerError: this is a mock")
-    assert len(h.requests) == 4 and h.waits == [0.25, 0.5, 1.0]
+    assert len(h.requests) == 4
+    assert h.waits == [0.25, 0.5, 1.0]
     assert "HTTP 500 (try 1 of 4); again in 0.25 s" in h.stderr()
 
 
@@ -258,27 +265,35 @@ def test_a_429_storm_costs_one_request(h: Harness) -> None:
     storm = [httpx.Response(429, json={"error": {"message": "slow down"}},
                             headers={"retry-after": "20"})] * 16
     result, _ = h.run(storm)
-    assert result.failure is FailureClass.RATE_LIMITED and result.retry_after_s == 20.0
-    assert len(h.requests) == 1 and h.waits == []
+    assert result.failure is FailureClass.RATE_LIMITED
+    assert result.retry_after_s == 20.0
+    assert len(h.requests) == 1
+    assert h.waits == []
 
 
 @pytest.mark.parametrize("blip", [httpx.ReadError("reset by peer"),
                                   httpx.RemoteProtocolError("Server disconnected"),
                                   httpx.Response(502, text="bad gateway")])
-def test_blips_are_retried_within_the_attempt(h: Harness, blip: Any) -> None:
+def test_blips_are_retried_within_the_attempt(h: Harness,
+                                               blip: httpx.Response | Exception) -> None:
     result, _ = h.run([blip, ok("```json file=findings.json\n{}\n```")])
-    assert result.exit_code == 0 and len(h.requests) == 2 and h.waits == [0.25]
+    assert result.exit_code == 0
+    assert len(h.requests) == 2
+    assert h.waits == [0.25]
 
 
 def test_a_blip_pause_honours_a_short_retry_after(h: Harness) -> None:
     result, _ = h.run([httpx.Response(502, headers={"retry-after": "1.5"}), ok("x")])
-    assert result.exit_code == 0 and h.waits == [1.5]
+    assert result.exit_code == 0
+    assert h.waits == [1.5]
 
 
 def test_a_long_retry_after_on_a_5xx_goes_to_the_executor(h: Harness) -> None:
     result, _ = h.run([httpx.Response(502, headers={"retry-after": "120"}), ok("x")])
-    assert result.failure is FailureClass.RATE_LIMITED and result.retry_after_s == 120.0
-    assert h.waits == [] and len(h.requests) == 1
+    assert result.failure is FailureClass.RATE_LIMITED
+    assert result.retry_after_s == 120.0
+    assert h.waits == []
+    assert len(h.requests) == 1
 
 
 def test_a_broken_connection_after_the_retries_is_agent_exit(h: Harness) -> None:
@@ -289,13 +304,16 @@ def test_a_broken_connection_after_the_retries_is_agent_exit(h: Harness) -> None
 
 def test_no_retry_when_the_pause_would_pass_the_deadline(h: Harness) -> None:
     result, _ = h.run([httpx.Response(503, text="down")] * 2, timeout=0.2)
-    assert result.timed_out and h.waits == [] and len(h.requests) == 1
+    assert result.timed_out
+    assert h.waits == []
+    assert len(h.requests) == 1
 
 
 def test_a_cancel_during_a_pause_cancels(h: Harness) -> None:
     h.cancel_on_wait = True
     result, _ = h.run([httpx.Response(503, text="down"), ok("x")])
-    assert result.cancelled and len(h.requests) == 1
+    assert result.cancelled
+    assert len(h.requests) == 1
 
 
 def test_a_connect_timeout_with_time_left_is_unreachable(h: Harness) -> None:
@@ -331,7 +349,8 @@ def test_a_dripping_reply_ends_at_the_attempt_deadline(h: Harness) -> None:
         return httpx.Response(200, content=body())
 
     result, _ = h.run(handler, timeout=5.0)
-    assert result.timed_out and len(sent) <= 7
+    assert result.timed_out
+    assert len(sent) <= 7
     assert "no complete reply within 5 s" in h.stderr()
 
 
@@ -396,14 +415,16 @@ def test_an_error_body_is_read_only_to_its_cap(h: Harness) -> None:
 ])
 def test_malformed_bodies(h: Harness, body: bytes, summary: str) -> None:
     result, _ = h.run([httpx.Response(200, content=body)])
-    assert result.failure is FailureClass.AGENT_EXIT and result.exit_code == 1
+    assert result.failure is FailureClass.AGENT_EXIT
+    assert result.exit_code == 1
     assert (result.summary or "").startswith(summary)
 
 
 def test_an_error_object_with_200_is_contradictory(h: Harness) -> None:
     result, _ = h.run([httpx.Response(200, json={"error": {"message": "context length "
                                                                      "exceeded"}})])
-    assert result.exit_code == 0 and result.failure is None
+    assert result.exit_code == 0
+    assert result.failure is None
     assert result.reported_error == ("the endpoint reported an error with status 200: "
                                      "context length exceeded")
     assert result.summary == "context length exceeded"
@@ -418,7 +439,8 @@ def test_an_overloaded_error_with_200_is_rate_limited(h: Harness) -> None:
 def test_a_refusal_is_contradictory(h: Harness) -> None:
     body = {"choices": [{"message": {"content": None, "refusal": "I can't help."}}]}
     result, _ = h.run([httpx.Response(200, json=body)])
-    assert result.exit_code == 0 and result.reported_error == "the model refused: I can't help."
+    assert result.exit_code == 0
+    assert result.reported_error == "the model refused: I can't help."
 
 
 def test_a_content_filter_stop_is_contradictory(h: Harness) -> None:
@@ -446,8 +468,10 @@ def test_a_reply_cut_at_the_token_limit_says_so(h: Harness) -> None:
 def test_model_text_that_cannot_be_written_is_contradictory(
         h: Harness, content: str, problem: str) -> None:
     result, inv = h.run([httpx.Response(200, content=json.dumps(completion(content)).encode())])
-    assert result.exit_code == 0 and result.failure is None
-    assert result.reported_error is not None and problem in result.reported_error
+    assert result.exit_code == 0
+    assert result.failure is None
+    assert result.reported_error is not None
+    assert problem in result.reported_error
     assert result.reported_error.startswith("the reply's files were not all written: ")
     assert (inv.workspace / "reply.md").exists()
     assert not (inv.workspace.parent.parent / "escape.md").exists()
@@ -464,7 +488,8 @@ def test_the_key_never_leaks(h: Harness) -> None:
     result, _ = h.run([httpx.Response(401, json={"error": {"message": f"bad key {KEY}"}})])
     assert result.failure is FailureClass.AGENT_AUTH
     assert result.summary == "HTTP 401 Unauthorized: bad key [REDACTED:api_key]"
-    assert KEY not in h.stderr() and "[REDACTED:api_key]" in h.stderr()
+    assert KEY not in h.stderr()
+    assert "[REDACTED:api_key]" in h.stderr()
 
 
 def test_the_key_is_scrubbed_from_the_reply(h: Harness) -> None:
@@ -486,7 +511,8 @@ def test_a_missing_or_bad_key_is_a_launch_error(
     else:
         monkeypatch.setenv("TEST_LLM_KEY", value)
     result, _ = h.run([])
-    assert (result.launch_error or "").startswith(message) and h.requests == []
+    assert (result.launch_error or "").startswith(message)
+    assert h.requests == []
 
 
 def test_an_unusable_base_url_is_a_launch_error(h: Harness) -> None:
@@ -503,7 +529,8 @@ def test_an_unforeseen_error_fails_the_attempt_not_the_run(h: Harness) -> None:
     assert result.failure is FailureClass.AGENT_EXIT
     assert result.summary == ("the http agent could not handle the reply: LookupError: "
                               "surprise with [REDACTED:api_key]")
-    assert "Traceback" in h.stderr() and KEY not in h.stderr()
+    assert "Traceback" in h.stderr()
+    assert KEY not in h.stderr()
 
 
 # ---- the deadline on real sockets' streams --------------------------------------------------

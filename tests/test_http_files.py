@@ -42,7 +42,8 @@ def test_other_fences_are_prose_even_unclosed_or_stray() -> None:
 def test_an_unclosed_wide_block_leaves_narrower_ones_after_it() -> None:
     parsed = parse("````md file=a.md\nx\n```txt file=b.txt\ny\n```\n")
     assert [b.path for b in parsed.blocks] == ["b.txt"]
-    assert parsed.unclosed is not None and parsed.unclosed.path == "a.md"
+    assert parsed.unclosed is not None
+    assert parsed.unclosed.path == "a.md"
 
 
 def test_a_fence_wider_than_ten_backticks_opens_nothing() -> None:
@@ -56,7 +57,8 @@ def test_crlf_replies_close_their_blocks() -> None:
 def test_an_unclosed_block_is_reported_not_written() -> None:
     parsed = parse("```json file=a.json\n{}\n```\n```json file=b.json\n{\"cut\n")
     assert [b.path for b in parsed.blocks] == ["a.json"]
-    assert parsed.unclosed is not None and parsed.unclosed.path == "b.json"
+    assert parsed.unclosed is not None
+    assert parsed.unclosed.path == "b.json"
 
 
 @pytest.mark.parametrize("reply", [
@@ -66,14 +68,16 @@ def test_an_unclosed_block_is_reported_not_written() -> None:
 def test_many_unclosed_fences_parse_in_bounded_passes(reply: str) -> None:
     # Issue 8: 480 KB of these took 100 s with the old regex (timing: benchmarks/).
     parsed = parse(reply)
-    assert parsed.blocks == [] and parsed.unclosed is not None
+    assert parsed.blocks == []
+    assert parsed.unclosed is not None
     assert parsed.unclosed.line == 1
 
 
 def test_blocks_past_the_cap_are_counted_not_kept() -> None:
     reply = "".join(f"```txt file=f{i}.txt\n{i}\n```\n" for i in range(MAX_FILES + 5))
     parsed = parse(reply)
-    assert len(parsed.blocks) == MAX_FILES and parsed.total == MAX_FILES + 5
+    assert len(parsed.blocks) == MAX_FILES
+    assert parsed.total == MAX_FILES + 5
 
 
 @pytest.mark.parametrize(("path", "problem"), [
@@ -94,7 +98,8 @@ def test_blocks_past_the_cap_are_counted_not_kept() -> None:
 ])
 def test_names_that_cannot_be_written(path: str, problem: str) -> None:
     why = name_problem(path)
-    assert why is not None and problem in why
+    assert why is not None
+    assert problem in why
 
 
 @pytest.mark.parametrize("path", ["a.json", "dir/sub/b.md", "é.txt", "x" * 255])
@@ -123,7 +128,8 @@ def test_a_lone_surrogate_in_the_text_is_a_problem(tmp_path: Path) -> None:
     problems = write_blocks(tmp_path, _blocks(("a.txt", "bad \ud800 text"), ("b.txt", "ok")))
     assert problems == ["file='a.txt' (line 1): its text holds a lone surrogate, which is "
                         "not valid Unicode"]
-    assert not (tmp_path / "a.txt").exists() and (tmp_path / "b.txt").exists()
+    assert not (tmp_path / "a.txt").exists()
+    assert (tmp_path / "b.txt").exists()
 
 
 def test_too_many_blocks_is_a_problem(tmp_path: Path) -> None:
@@ -154,7 +160,8 @@ def test_symlinks_and_hard_links_at_the_name_are_replaced_not_written_through(
     os.mkfifo(ws / "fifo.txt")
     for name in ("sym.txt", "hard.txt", "fifo.txt"):
         assert write_inside(ws, name, b"new") is None
-        assert (ws / name).read_bytes() == b"new" and not (ws / name).is_symlink()
+        assert (ws / name).read_bytes() == b"new"
+        assert not (ws / name).is_symlink()
     assert victim.read_text() == "original"
 
 

@@ -91,9 +91,11 @@ def test_newer_schema_is_refused(tmp_path: Path) -> None:
 
 def test_fold(tmp_path: Path) -> None:
     state = fold(read_events(_write(tmp_path, EVENTS)), ["a", "b", "c", "d"])
-    assert state.status is RunStatus.FAILED and state.attempts_used == 2
+    assert state.status is RunStatus.FAILED
+    assert state.attempts_used == 2
     a = state.nodes["a"]
-    assert a.status is NodeStatus.SUCCEEDED and a.charged == 2
+    assert a.status is NodeStatus.SUCCEEDED
+    assert a.charged == 2
     assert [r.outcome for r in a.attempts] == [FailureClass.AGENT_EXIT, "succeeded"]
     assert state.nodes["b"].reason == "attempts exhausted"
     assert state.nodes["c"].failed_ancestor == "b"

@@ -72,7 +72,8 @@ def test_manifest_resolves_defaults_and_carries_constants(project: Project) -> N
     m = plan_topology(project.write_topology(topo), project.prompts).manifest
     assert (m.nodes["a"].max_attempts, m.nodes["a"].retry_feedback) == (3, False)
     assert (m.nodes["b"].max_attempts, m.nodes["b"].retry_feedback) == (4, True)
-    assert m.nodes["a"].timeout_s == 60 and m.nodes["a"].agent == "sim"
+    assert m.nodes["a"].timeout_s == 60
+    assert m.nodes["a"].agent == "sim"
     assert m.constants == constant_digests()
     assert "simulated" in m.agents
 

@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from runtime import preflight
+from runtime.agents import AnyProfile
 from runtime.cli import main
 from runtime.failures import FailureClass as F
-from runtime.plan import plan_topology
+from runtime.plan import Manifest, plan_topology
 from runtime.preflight import PreflightError, check_profile, decide, preflight_run
 from runtime.profiles import CommandProfile, HttpProfile, PythonProfile, SimulatedProfile
 from runtime.records import RunSettings
@@ -37,7 +38,7 @@ def command(preflight_argv: list[str] | None = None, argv0: str = PY) -> Command
     return CommandProfile(kind="command", argv=[argv0, "agent.py"], preflight=preflight_argv)
 
 
-def check(profile: Any, env: dict[str, str] | None = None) -> preflight.ProfileCheck:
+def check(profile: AnyProfile, env: dict[str, str] | None = None) -> preflight.ProfileCheck:
     return check_profile("p", profile, env if env is not None else {"PATH": "/usr/bin:/bin"},
                          Redactor())
 
@@ -65,7 +66,8 @@ def test_preflight_command_is_read_like_an_attempt(argv: list[str] | None, failu
                                                    summary: str) -> None:
     c = check(command(argv))
     assert (c.failure, c.summary) == (failure, summary)
-    assert c.program == PY and c.version is None  # --version only for claude and codex
+    assert c.program == PY
+    assert c.version is None  # --version only for claude and codex
 
 
 def test_preflight_that_hangs_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -86,7 +88,8 @@ def test_preflight_gets_the_agent_environment_only() -> None:
 def test_summary_is_redacted() -> None:
     token = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
     c = check(command(script(f"import sys; print('token {token} rejected'); sys.exit(1)")))
-    assert token not in c.summary and "REDACTED" in c.summary
+    assert token not in c.summary
+    assert "REDACTED" in c.summary
 
 
 def test_http_without_its_key_is_agent_auth() -> None:
@@ -120,7 +123,8 @@ def test_http_endpoint_refusing_connections_is_unreachable(closed_port: int) -> 
 
 def test_http_endpoint_accepting_connections_is_ready(open_port: int) -> None:
     c = check(HttpProfile(kind="http", base_url=f"http://127.0.0.1:{open_port}/v1", model="m"))
-    assert c.ok and c.summary == f"127.0.0.1:{open_port} accepts connections"
+    assert c.ok
+    assert c.summary == f"127.0.0.1:{open_port} accepts connections"
 
 
 def test_python_target_that_cannot_be_found() -> None:
@@ -151,7 +155,7 @@ def topo(**node_extra: Any) -> dict[str, Any]:
     return t
 
 
-def manifest_of(project: Project, data: dict[str, Any]) -> Any:
+def manifest_of(project: Project, data: dict[str, Any]) -> Manifest:
     project.write_topology(data)
     return plan_topology(project.topology, project.prompts).manifest
 
@@ -160,7 +164,8 @@ def test_failing_primary_with_a_fallback_starts_there(project: Project) -> None:
     m = manifest_of(project, topo(a={"fallback": ["broken", "good"]}, b={"agent": "sim"}))
     checks = preflight.check_profiles(m.agents)
     d = decide(m, RunSettings(), {n: checks[n] for n in ("broken", "good", "sim")})
-    assert d.moved == {"a": "good"} and d.problems == []
+    assert d.moved == {"a": "good"}
+    assert d.problems == []
     assert d.skip == {"broken": "broken: agent_auth: Not logged in"}
 
 
@@ -284,7 +289,8 @@ def test_claude_endpoint_is_checked_the_way_claude_would_go(
     if reached is None:
         assert got is None
     else:
-        assert got is not None and got.startswith(reached.format(**ports))
+        assert got is not None
+        assert got.startswith(reached.format(**ports))
 
 
 def test_run_starts_a_node_on_its_fallback(project: Project,

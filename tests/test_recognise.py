@@ -58,7 +58,8 @@ def test_attempt_outputs_of_the_real_clis(case: str, failure: F, summary: str) -
 def test_claude_json_is_read_whatever_the_exit_code() -> None:
     """The incident: exit 1 with the reason only in the result JSON on stdout."""
     code, out, err = recorded("claude-not-logged-in")
-    assert code == 1 and err == ""
+    assert code == 1
+    assert err == ""
     assert read_command(AgentKind.CLAUDE, 0, out, err).failure is F.AGENT_AUTH
 
 

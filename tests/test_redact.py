@@ -60,7 +60,8 @@ def test_bound_keeps_head_and_tail_and_counts() -> None:
     text = "H" * 100 + "M" * 1000 + "T" * 100
     out = bound(text, 300)
     assert len(out) <= 300
-    assert out.startswith("H" * 100) and out.endswith("T" * 100)
+    assert out.startswith("H" * 100)
+    assert out.endswith("T" * 100)
     dropped = int(re.search(r"\[\.\.\. (\d+) characters dropped", out).group(1))  # type: ignore[union-attr]
     assert dropped == len(text) - len(out.replace(f"\n[... {dropped} characters dropped ...]\n",
                                                   ""))
@@ -71,7 +72,8 @@ def test_redaction_runs_before_the_cut() -> None:
     text = "x" * 2000 + f"token {secret} " + "y" * 2000
     for limit in range(100, 4200, 97):
         out = Redactor().clean(text, limit)
-        assert secret[:10] not in out and secret[-10:] not in out
+        assert secret[:10] not in out
+        assert secret[-10:] not in out
 
 
 @pytest.mark.parametrize("payload", ESCAPES, ids=range(len(ESCAPES)))
@@ -82,11 +84,14 @@ def test_boundary_escape_payloads_stay_inside_the_block(payload: str) -> None:
                            fingerprint=fingerprint(FailureClass.AGENT_EXIT, error))
     text = render_preamble(2, 3, [failure], 8192)
     head, block = text.split(PRIOR_FAILURE_OPEN + "\n", 1)
-    assert PRIOR_FAILURE_OPEN not in head and "prior-failure" not in head.lower()
+    assert PRIOR_FAILURE_OPEN not in head
+    assert "prior-failure" not in head.lower()
     body, tail = block.rsplit("\n" + PRIOR_FAILURE_CLOSE, 1)
     assert tail == ""
-    assert body.isascii() and all(32 <= ord(c) < 127 for c in body)
-    assert "<" not in body and ">" not in body
+    assert body.isascii()
+    assert all(32 <= ord(c) < 127 for c in body)
+    assert "<" not in body
+    assert ">" not in body
     assert unicodedata.normalize("NFKC", body) == body
     assert json.loads(body)["failures"][0]["failure_class"] == "agent_exit"
     assert len(text.encode()) <= 8192
@@ -108,7 +113,8 @@ def test_every_catalogue_family_is_redacted(sample: secret_families.Sample) -> N
 def test_catalogue_families_not_redacted_are_identifiers_and_named_in_readme() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     assert set(NOT_SECRETS) <= {s.family for s in FAMILIES}
-    assert "Not redacted, by design" in readme and "NOT_SECRETS" in readme
+    assert "Not redacted, by design" in readme
+    assert "NOT_SECRETS" in readme
     assert f"{len(NOT_SECRETS)} catalogue families" in readme
 
 
@@ -152,7 +158,8 @@ def test_working_directory_is_not_a_secret_because_of_its_variable_name() -> Non
 ])
 def test_context_rules(text: str, secret: str) -> None:
     out = Redactor().redact(text)
-    assert secret not in out and "[REDACTED:" in out, out
+    assert secret not in out, out
+    assert "[REDACTED:" in out, out
 
 
 KEY_SHAPES = {
@@ -187,7 +194,8 @@ def test_json_escaped_key_body_without_its_begin_is_redacted() -> None:
     escaped = key.replace("\n", "\\n")
     tail = escaped[escaped.index(body[3]):]  # the capture cut inside the JSON string
     out = Redactor().redact(f'{tail}\\n", "client_email": "ci@x.iam"}}')
-    assert not [line for line in body[3:] if line in out] and "client_email" in out
+    assert not [line for line in body[3:] if line in out]
+    assert "client_email" in out
 
 
 @settings(max_examples=60, deadline=None)

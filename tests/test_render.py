@@ -75,13 +75,15 @@ def test_include_symlink_outside_root_is_refused(project: Project, tmp_path: Pat
 def test_syntax_error_names_line(project: Project) -> None:
     with pytest.raises(TemplateError) as info:
         _plan_with(project, "a\nb\n{% if %}\n")
-    assert info.value.line == 3 and "syntax error" in str(info.value)
+    assert info.value.line == 3
+    assert "syntax error" in str(info.value)
 
 
 def test_missing_attribute_fails_render_with_line(project: Project) -> None:
     with pytest.raises(TemplateError) as info:
         _plan_with(project, "a\n{{ node.nope }}\n")
-    assert info.value.line == 2 and "render failed" in str(info.value)
+    assert info.value.line == 2
+    assert "render failed" in str(info.value)
 
 
 def test_sandbox_blocks_unsafe_access(project: Project) -> None:
@@ -133,7 +135,8 @@ def test_template_exceptions_are_template_errors(project: Project, template: str
     with pytest.raises(TemplateError) as info:
         _plan_with_defaults(project, template)
     assert message in str(info.value)
-    assert info.value.template == "task.md.j2" and info.value.line == line
+    assert info.value.template == "task.md.j2"
+    assert info.value.line == line
 
 
 @pytest.mark.parametrize("template", [

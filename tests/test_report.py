@@ -10,7 +10,6 @@ import subprocess
 import time
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import networkx as nx
@@ -54,7 +53,7 @@ class _Dom(HTMLParser):
         super().__init__()
         self.nodes: dict[str, str] = {}
         self.sections: list[str] = []
-        self.tags: list[tuple[str, dict[str, Any]]] = []
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
         self.text: list[str] = []
         self.ids: set[str] = set()
 
@@ -86,7 +85,9 @@ def _check_links(dom: _Dom, page: Path) -> int:
     hrefs = dom.attr("a", "href")
     for href in hrefs:
         parts = urlsplit(href)
-        assert not parts.scheme and not parts.netloc and not href.startswith("/"), href
+        assert not parts.scheme, href
+        assert not parts.netloc, href
+        assert not href.startswith("/"), href
         if parts.path:
             assert (page.parent / unquote(parts.path)).is_file(), href
         elif parts.fragment:
@@ -106,10 +107,12 @@ def _check_run_dom(dom: _Dom, run_dir: Path) -> None:
     assert dom.nodes == {"a": "succeeded", "b": "succeeded", "c": "succeeded", "d": "failed",
                          "e": "skipped", "scan": "succeeded"}
     tags = [t for t, _ in dom.tags]
-    assert "script" not in tags and "img" not in tags  # the agent's markup stayed text
+    assert "script" not in tags
+    assert "img" not in tags  # the agent's markup stayed text
     assert any(t == "details" and a.get("class") == "preamble" for t, a in dom.tags)
     text = "".join(dom.text)
-    assert EVIL in text and "prior-failure-v1" in text
+    assert EVIL in text
+    assert "prior-failure-v1" in text
     assert "upstream d failed" in text
     assert "fatal: could not parse contract" in text  # d's one-line summary
     metas = [a for t, a in dom.tags if t == "meta" and a.get("http-equiv")]
@@ -135,7 +138,8 @@ def test_run_report_is_escaped_complete_and_linked(run_dir: Path, project: Proje
     assert [log for log in logs if log in hrefs] == [
         log for log in logs if (run_dir / log).is_file()]
     assert any(log in hrefs for log in logs)
-    assert "nodes/scan/workspace/scan.sarif" in hrefs and "nodes/a/workspace/a.json" in hrefs
+    assert "nodes/scan/workspace/scan.sarif" in hrefs
+    assert "nodes/a/workspace/a.json" in hrefs
     assert "nodes/d/workspace/d.json" not in hrefs  # d failed: nothing was accepted
     # A skipped node says why instead of drawing an empty attempts table.
     assert "No attempt was made: upstream d failed." in "".join(dom.text)
@@ -152,7 +156,8 @@ def test_node_never_started_is_not_drawn_failed(project: Project) -> None:
     node_a = html[html.index('data-node="a"'):]
     node_a = node_a[: node_a.index("</g>")]
     assert STATUS_STYLE["failed"]["stroke"] not in node_a  # not red
-    assert "not started" in node_a and "failed" not in node_a
+    assert "not started" in node_a
+    assert "failed" not in node_a
     assert dom.nodes["b"] == "skipped"
     assert "upstream a not started (run deadline passed)" in "".join(dom.text)
 
@@ -184,7 +189,8 @@ def _render_batch(project: Project) -> Path:
 
 def _check_batch_dom(dom: _Dom, report: Path) -> None:
     text = " ".join(dom.text)
-    assert "findings" in dom.ids and "finding-counts" in dom.ids
+    assert "findings" in dom.ids
+    assert "finding-counts" in dom.ids
     findings = [a for t, a in dom.tags if t == "tr" and a.get("class") == "finding"]
     assert [f["data-node"] for f in findings] == ["b"]
     assert "good/b" in text
@@ -253,7 +259,8 @@ def _points(path: str) -> list[tuple[float, float]]:
 def test_no_edge_crosses_a_node_box(name: str, graph: nx.DiGraph[str]) -> None:
     diagram: Diagram = layout(graph)
     boxes = {b.node: b for b in diagram.boxes}
-    assert set(boxes) == set(graph.nodes) and len(diagram.edges) == graph.number_of_edges()
+    assert set(boxes) == set(graph.nodes)
+    assert len(diagram.edges) == graph.number_of_edges()
     for edge in diagram.edges:
         pts = _points(edge.path)
         src, dst = boxes[edge.source], boxes[edge.target]
@@ -263,7 +270,8 @@ def test_no_edge_crosses_a_node_box(name: str, graph: nx.DiGraph[str]) -> None:
             for b in diagram.boxes:
                 inside = b.x + 0.5 < x < b.x + BOX_W - 0.5 and b.y + 0.5 < y < b.y + BOX_H - 0.5
                 assert not inside, f"{edge.source}->{edge.target} crosses {b.node}"
-            assert 0 <= x <= diagram.width and 0 <= y <= diagram.height
+            assert 0 <= x <= diagram.width
+            assert 0 <= y <= diagram.height
 
 
 def test_boxes_never_overlap_and_ports_are_distinct() -> None:
@@ -359,4 +367,5 @@ def test_findings_table_is_bounded_most_severe_first() -> None:
     table = _env().get_template("macros.html.j2").module.findings_table  # type: ignore[attr-defined]
     html = str(table([finding("error"), finding("note"), finding("note")], lambda f: None,
                      False, 2))
-    assert html.count('class="finding"') == 2 and 'id="findings-more">1 more' in html
+    assert html.count('class="finding"') == 2
+    assert 'id="findings-more">1 more' in html

@@ -36,7 +36,8 @@ def test_retry_reruns_failed_and_skipped_nodes_only(project: Project) -> None:
     assert len(result.state.nodes["c"].attempts) == 1  # never re-run
     assert (c_artifact.read_bytes(), c_artifact.stat().st_mtime_ns) == c_before
     starts = [e for e in read_events(run_dir / "ledger.jsonl") if isinstance(e, RunStarted)]
-    assert starts[-1].retried == ["a", "b"] and starts[-1].settings["agent"] == "write_all"
+    assert starts[-1].retried == ["a", "b"]
+    assert starts[-1].settings["agent"] == "write_all"
 
 
 def test_a_retried_node_gets_a_fresh_max_attempts(project: Project) -> None:
@@ -44,7 +45,8 @@ def test_a_retried_node_gets_a_fresh_max_attempts(project: Project) -> None:
     result = retry_run(run_dir, RetryRequest(sets=("a.max_attempts=2",)))
     a = result.state.nodes["a"]
     assert [r.attempt for r in a.attempts] == [1, 2, 3]  # numbers continue
-    assert a.status is NodeStatus.FAILED and a.retry_from == 2
+    assert a.status is NodeStatus.FAILED
+    assert a.retry_from == 2
     assert "attempts exhausted (2 of 2" in (a.reason or "")
 
 

@@ -29,7 +29,7 @@ from runtime.failures import FailureClass, RunStatus
 from runtime.ledger import read_events
 from runtime.profiles import CommandProfile
 from runtime.records import AttemptContext
-from runtime.run import Hooks, resume_run
+from runtime.run import Hooks, RunResult, resume_run
 from runtime.verify import verify_plan_dir
 from tests.conftest import REPO, Project, make_topology, plan_dir_for, run_topology
 
@@ -154,14 +154,17 @@ def test_bad_sandbox_settings_are_plan_errors(project: Project, value: Any, mess
     project.write_topology(_topo(["true"], sandbox=value))
     assert main(project.cli("plan", str(project.topology))) == 2
     err = capsys.readouterr().err
-    assert re.search(r"topology\.yaml:\d+: agents\.cmd\.sandbox: ", err) and message in err
+    assert re.search(r"topology\.yaml:\d+: agents\.cmd\.sandbox: ", err)
+    assert message in err
 
 
 def test_schema_documents_the_sandbox_field(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["schema"]) == 0
     schema = json.loads(capsys.readouterr().out)
     text = json.dumps(schema)
-    assert "SandboxSettings" in text and "writable" in text and "opts out" in text
+    assert "SandboxSettings" in text
+    assert "writable" in text
+    assert "opts out" in text
 
 
 # --- paths the agent is given ------------------------------------------------------
@@ -192,9 +195,11 @@ def test_attempt_json_records_the_sandbox(project: Project, sandboxed: bool) -> 
                                 sandbox={"network": False}))
     path = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "attempts" / "1"
     record = AttemptContext.model_validate_json((path / "attempt.json").read_bytes()).sandbox
-    assert record is not None and record.enabled is sandboxed
+    assert record is not None
+    assert record.enabled is sandboxed
     bwrap = sandbox.find_bubblewrap()
-    assert bwrap is not None and bwrap.version[0].isdigit()
+    assert bwrap is not None
+    assert bwrap.version[0].isdigit()
     assert record.bubblewrap == (bwrap.version if sandboxed else None)
     assert record.network is (False if sandboxed else None)
 
@@ -221,8 +226,10 @@ def test_missing_bubblewrap_refuses_to_start(project: Project,
     project.write_topology(_topo(["true"]))
     assert main(project.cli("run", str(project.topology))) == 2
     err = capsys.readouterr().err
-    assert "bubblewrap (bwrap) is not installed" in err and "cmd" in err
-    assert "apt-get install bubblewrap" in err and "sandbox: false" in err
+    assert "bubblewrap (bwrap) is not installed" in err
+    assert "cmd" in err
+    assert "apt-get install bubblewrap" in err
+    assert "sandbox: false" in err
     assert not (project.artifacts / "runs").exists()
     # Profiles that will not run, or opted out, need no bubblewrap.
     assert main(project.cli("run", str(project.topology), "--agent", "simulated",
@@ -276,7 +283,8 @@ def test_program_under_tmp_runs_read_only_and_the_run_stays_hidden(project: Proj
     result = run_topology(project, _topo([str(tool)]))
     assert result.status is RunStatus.SUCCEEDED, result.state.nodes["a"].attempts[0].error
     ws = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace"
-    assert not (ws / "leak.txt").exists() and not (ws / "wrote.txt").exists()
+    assert not (ws / "leak.txt").exists()
+    assert not (ws / "wrote.txt").exists()
     assert not (tmp_path / "written").exists()
 
 
@@ -356,7 +364,7 @@ def test_no_descendant_survives_the_attempt(project: Project, sandboxed: bool,
     argv = ["sh", str(HOSTILE / "detach.sh"), token, *(["hang"] if hang else [])]
     spawned = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace" / "spawned.txt"
     cancel = threading.Event()
-    results: list[Any] = []
+    results: list[RunResult] = []
     runner = threading.Thread(target=lambda: results.append(run_topology(
         project, _topo(argv, sandboxed=sandboxed), hooks=Hooks(cancel=cancel))))
     runner.start()
@@ -434,7 +442,8 @@ def test_kill_leftovers_ignores_a_reused_pid(tmp_path: Path) -> None:
     other = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
         proc = procs.stat(other.pid)
-        assert proc is not None and proc.sid == other.pid
+        assert proc is not None
+        assert proc.sid == other.pid
         (tmp_path / "leaders.jsonl").write_text(json.dumps(
             {"pid": other.pid, "start": proc.start + 1, "boot_id": procs.boot_id()}))
         assert procs.kill_leftovers([tmp_path / "leaders.jsonl"], "no-such-run") == 0
@@ -442,6 +451,28 @@ def test_kill_leftovers_ignores_a_reused_pid(tmp_path: Path) -> None:
     finally:
         other.kill()
         other.wait()
+
+
+def test_resume_spares_a_same_named_run_under_another_root(tmp_path: Path) -> None:
+    """Two checkouts (or CI jobs) on one host both have a run called test-run: resuming
+    one must not kill the other's agents. The environment marker is the run directory's
+    key, not its id."""
+    mine, theirs = tmp_path / "a" / "runs" / "test-run", tmp_path / "b" / "runs" / "test-run"
+    assert procs.run_key(mine) != procs.run_key(theirs)
+    env = {**os.environ, "RUNTIME_RUN_ID": "test-run",
+           "RUNTIME_RUN_KEY": procs.run_key(theirs)}
+    other = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    try:
+        _wait_for(lambda: procs.stat(other.pid) is not None, "the other run's agent")
+        assert procs.kill_leftovers([], procs.run_key(mine)) == 0
+        assert other.poll() is None
+        assert procs.kill_leftovers([], procs.run_key(theirs)) == 1
+        other.wait(timeout=10)  # (kill_leftovers, a subreaper, may have reaped it already)
+        assert procs.stat(other.pid) is None
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()
 
 
 def _p(pid: int, ppid: int, sid: int, start: int = 100) -> procs.Proc:
@@ -482,7 +513,8 @@ def _shipped_profile(name: str) -> CommandProfile:
 
     topology = load_topology(REPO / "topologies" / "web-service-review.yaml", REPO / "prompts")
     profile = topology.agents[name]
-    assert isinstance(profile, CommandProfile) and profile.sandbox is not False
+    assert isinstance(profile, CommandProfile)
+    assert profile.sandbox is not False
     return profile
 
 
@@ -510,9 +542,11 @@ def test_shipped_cli_profiles_reach_their_own_login_error(
                          artifacts=(), stdout=out, stderr=err)
         result = make_agent(profile).run(inv)
         output = out.head.decode() + err.head.decode()
-    assert result.launch_error is None and not result.timed_out
+    assert result.launch_error is None
+    assert not result.timed_out
     assert expect in output, output
-    assert "bwrap" not in output and "Read-only file system" not in output
+    assert "bwrap" not in output
+    assert "Read-only file system" not in output
 
 
 # --- secrets out of the runtime's argv ---------------------------------------------
@@ -526,7 +560,8 @@ def test_redact_value_on_the_command_line_is_refused(
     assert main(project.cli(verb, target, "--redact", "hunter2")) == 2
     err = capsys.readouterr().err
     assert "--redact VALUE would put the secret in the runtime's command line" in err
-    assert "--redact-file FILE" in err and "RUNTIME_REDACT" in err
+    assert "--redact-file FILE" in err
+    assert "RUNTIME_REDACT" in err
     assert not project.artifacts.exists()
 
 
@@ -540,7 +575,8 @@ def test_redact_file_and_environment_literals_are_redacted(
     assert main(project.cli("run", str(project.topology), "--run-id", "r",
                             "--redact-file", str(secret_file))) == 1
     ledger = (project.artifacts / "runs" / "r" / "ledger.jsonl").read_text()
-    assert "literal-value" not in ledger and "second literal" not in ledger
+    assert "literal-value" not in ledger
+    assert "second literal" not in ledger
     assert ledger.count("[REDACTED:literal]") >= 3
 
 

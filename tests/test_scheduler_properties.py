@@ -280,7 +280,8 @@ def check_invariants(case: Case, events: list[Event], state: RunState) -> None:
     nodes = [_nid(j) for j in range(case.n)]
     dag = _dag(case)
     # run.started first, one run.finished and it is last, seq 1, 2, 3, ...
-    assert isinstance(events[0], RunStarted) and isinstance(events[-1], RunFinished)
+    assert isinstance(events[0], RunStarted)
+    assert isinstance(events[-1], RunFinished)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert sum(isinstance(e, RunFinished) for e in events) == 1
 
@@ -298,7 +299,8 @@ def check_invariants(case: Case, events: list[Event], state: RunState) -> None:
         assert len(terminal[nid]) == 1, f"{nid}: terminal events {terminal[nid]}"
         end = terminal[nid][0]
         node = state.nodes[nid]
-        assert node.status.is_terminal() and node.status.value == end.event.split(".")[1]
+        assert node.status.is_terminal()
+        assert node.status.value == end.event.split(".")[1]
         assert all(a.outcome is not None for a in node.attempts)  # none left unfinished
         script = case.scripts[j]
         for profile, allowance in zip(script.profiles, (script.max_attempts, 1, 1),
@@ -308,16 +310,21 @@ def check_invariants(case: Case, events: list[Event], state: RunState) -> None:
         assert {a.profile for a in node.attempts} <= set(script.profiles)
         if nid in first_start:
             for need in dag.pred[nid]:
-                assert need in succeeded_at and succeeded_at[need] < first_start[nid], (
+                assert need in succeeded_at, (
+                    f"{nid} started at seq {first_start[nid]} before its need {need} "
+                    "succeeded")
+                assert succeeded_at[need] < first_start[nid], (
                     f"{nid} started at seq {first_start[nid]} before its need {need} "
                     "succeeded")
             assert first_start[nid] < end.seq
         if isinstance(end, NodeSkipped):
-            assert not node.attempts and nid not in first_start
+            assert not node.attempts
+            assert nid not in first_start
             _assert_blocked(nid, end, state, case)
         if isinstance(end, NodeSucceeded):
             last = node.attempts[-1]
-            assert last.outcome == "succeeded" and end.artifacts == last.artifacts
+            assert last.outcome == "succeeded"
+            assert end.artifacts == last.artifacts
 
     all_ok = all(n.status is NodeStatus.SUCCEEDED for n in state.nodes.values())
     final = events[-1]
@@ -326,7 +333,8 @@ def check_invariants(case: Case, events: list[Event], state: RunState) -> None:
     assert state.status is final.status
     started = [(e.node, e.attempt) for e in events if isinstance(e, AttemptStarted)]
     finished = [(e.node, e.attempt) for e in events if isinstance(e, AttemptFinished)]
-    assert sorted(started) == sorted(finished) and len(set(started)) == len(started)
+    assert sorted(started) == sorted(finished)
+    assert len(set(started)) == len(started)
     assert len(started) == state.attempts_used
     assert case.budget is None or state.attempts_used <= case.budget
 
@@ -351,8 +359,9 @@ def _assert_blocked(nid: str, end: NodeSkipped, state: RunState, case: Case) -> 
             return
         assert up.status is NodeStatus.SKIPPED, f"{nid}: blocker {blocker} is {up.status}"
         blocker, reason = up.failed_ancestor, up.reason or ""
-    assert case.budget is not None and reason.startswith(
-        f"run attempt budget exhausted ({case.budget} attempts)"), (
+    assert case.budget is not None, (
+        f"{nid}: skipped without a failed ancestor, reason {reason!r}")
+    assert reason.startswith(f"run attempt budget exhausted ({case.budget} attempts)"), (
         f"{nid}: skipped without a failed ancestor, reason {reason!r}")
 
 

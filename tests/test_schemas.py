@@ -118,12 +118,14 @@ def test_every_record_on_disk_starts_with_schema_version(name: str) -> None:
     writer always records it, and a Literal so a reader refuses a version it does not know."""
     model = ON_DISK[name]
     fields = list(model.model_fields)
-    assert fields and fields[0] == "schema_version", (
+    assert fields, f"{model.__name__}: first field is {fields[:1]}, expected schema_version"
+    assert fields[0] == "schema_version", (
         f"{model.__name__}: first field is {fields[:1]}, expected schema_version")
     info = model.model_fields["schema_version"]
     assert typing.get_origin(info.annotation) is typing.Literal, (
         f"{model.__name__}.schema_version is {info.annotation}, expected a Literal")
-    assert isinstance(info.default, int) and info.default in typing.get_args(info.annotation)
+    assert isinstance(info.default, int)
+    assert info.default in typing.get_args(info.annotation)
     assert model.model_config.get("frozen") is True
     assert model.model_config.get("extra") == "forbid"
     assert "schema_version" in model.model_json_schema()["properties"]
@@ -141,7 +143,8 @@ def test_a_documentation_change_is_told_apart_from_a_format_change() -> None:
     data["properties"]["run_id"]["type"] = "integer"
     changed = json.dumps(data, indent=2, sort_keys=True) + "\n"
     message = mismatch_message("state", model, golden, changed)
-    assert "bump its schema_version" in message and REGENERATE in message
+    assert "bump its schema_version" in message
+    assert REGENERATE in message
 
 
 def test_a_property_named_description_is_format_not_documentation() -> None:

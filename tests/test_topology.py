@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,7 +98,8 @@ def test_cycle_is_printed(project: Project) -> None:
         load_topology(path, project.prompts)
     (problem,) = info.value.problems
     cycle = problem.message.removeprefix("cycle: ").split(" -> ")
-    assert cycle[0] == cycle[-1] and sorted(cycle[:-1]) == ["a", "b", "c"]
+    assert cycle[0] == cycle[-1]
+    assert sorted(cycle[:-1]) == ["a", "b", "c"]
 
 
 def test_all_problems_reported_at_once_sorted_and_counted(project: Project) -> None:
@@ -126,7 +128,7 @@ def test_agent_and_template_problems_together(project: Project) -> None:
     assert [p.where for p in info.value.problems] == ["nodes[0].agent", "nodes[1].prompt"]
 
 
-def test_symlinked_template_outside_root_is_refused(project: Project, tmp_path: Any) -> None:
+def test_symlinked_template_outside_root_is_refused(project: Project, tmp_path: Path) -> None:
     outside = tmp_path / "secret.md.j2"
     outside.write_text("secret")
     os.symlink(outside, project.prompts / "link.md.j2")

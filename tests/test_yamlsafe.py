@@ -29,7 +29,8 @@ def test_alias_bomb_is_refused_before_expansion() -> None:
 def test_small_aliases_are_fine() -> None:
     loaded, problems = load_yaml(b"base: &b {x: 1}\nother: *b\n", "f.yaml")
     assert problems == []
-    assert loaded is not None and loaded.data == {"base": {"x": 1}, "other": {"x": 1}}
+    assert loaded is not None
+    assert loaded.data == {"base": {"x": 1}, "other": {"x": 1}}
 
 
 def test_recursive_alias_is_refused() -> None:
@@ -47,7 +48,8 @@ def test_duplicate_keys_are_problems_with_lines() -> None:
 def test_non_utf8_names_offset_and_line() -> None:
     _, problems = load_yaml(b"name: ok\ndesc: \xff\xfe\n", "f.yaml")
     assert problems[0].line == 2
-    assert "not UTF-8" in problems[0].message and "offset 15" in problems[0].message
+    assert "not UTF-8" in problems[0].message
+    assert "offset 15" in problems[0].message
 
 
 def test_oversized_file_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,7 +66,8 @@ def test_syntax_error_has_line() -> None:
 
 def test_unsafe_tags_are_not_constructed() -> None:
     _, problems = load_yaml(b"a: !!python/object/apply:os.system ['true']\n", "f.yaml")
-    assert problems and "invalid YAML" in problems[0].message
+    assert problems
+    assert "invalid YAML" in problems[0].message
 
 
 def test_line_of_finds_nested_fields() -> None:
@@ -103,11 +106,13 @@ def test_acceptance_does_not_depend_on_size(snippet: str) -> None:
 ])
 def test_deep_nesting_is_a_problem_not_a_traceback(doc: str, line: int) -> None:
     loaded, problems = load_yaml(doc.encode(), "deep.yaml")
-    assert loaded is None and len(problems) == 1
+    assert loaded is None
+    assert len(problems) == 1
     assert problems[0].message == ("mappings and lists nest more than 64 levels deep; "
                                    "flatten the document")
 
 
 def test_nesting_at_the_bound_is_fine() -> None:
     loaded, problems = load_yaml(("a: " + "[" * 63 + "]" * 63 + "\n").encode(), "f.yaml")
-    assert problems == [] and loaded is not None
+    assert problems == []
+    assert loaded is not None

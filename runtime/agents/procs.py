@@ -19,14 +19,16 @@ started agent, appended to one file rather than a file per attempt, since creati
 is most of a short attempt's cost; outside every workspace, so a sandboxed agent cannot
 see it) names each leader's pid, start time and the boot it ran in; ``kill_leftovers``
 kills those leaders, everything in their sessions, and every process still carrying the
-run's id in its environment, before ``resume`` starts anything. (Runs from before kept
-one ``agent.json`` per attempt, in the same one-line format; resume reads those too.)
+run's key (``RUNTIME_RUN_KEY``) in its environment, before ``resume`` starts anything.
+(Runs from before kept one ``agent.json`` per attempt, in the same one-line format;
+resume reads those too.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import logging
 import os
@@ -243,12 +245,22 @@ def record_leader(log_path: Path, pid: int, start: int, sandboxed: bool, *,  # n
             os.close(fd)
 
 
-def kill_leftovers(records: Iterable[Path], run_id: str) -> int:
+def run_key(run_dir: Path) -> str:
+    """What marks a run's agents in their environment (``RUNTIME_RUN_KEY``).
+
+    Derived from the run directory's absolute path, so two runs with the same id under
+    different artifact roots (two checkouts, two CI jobs on one host) never kill each
+    other's agents on resume.
+    """
+    return hashlib.blake2b(os.fsencode(os.path.abspath(run_dir)), digest_size=12).hexdigest()
+
+
+def kill_leftovers(records: Iterable[Path], key: str) -> int:
     """Kill what a crashed runtime left running.
 
     Each leader named in ``records`` (files of one JSON object per line) still alive (same
     pid, start time and boot), its session, and any process whose environment carries
-    ``RUNTIME_RUN_ID=<run_id>``. Returns how many were killed.
+    ``RUNTIME_RUN_KEY=<key>``. Returns how many were killed.
     """
     boot = boot_id()
     sessions: dict[int, int] = {}  # leader pid -> its start time
@@ -264,7 +276,7 @@ def kill_leftovers(records: Iterable[Path], run_id: str) -> int:
                     sessions[int(rec["pid"])] = int(rec["start"])
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
-    marker = f"RUNTIME_RUN_ID={run_id}".encode()
+    marker = f"RUNTIME_RUN_KEY={key}".encode()
     procs = table()
     doomed = leftovers(procs, sessions, me=os.getpid(), my_sid=os.getsid(0),
                        carries=lambda pid: _carries(pid, marker))
