@@ -120,7 +120,8 @@ def main() -> None:
         from runtime.ray_engine import RayEngine
 
         t0 = time.perf_counter()
-        ray.init(num_cpus=args.jobs, resources={"bench": args.jobs}, include_dashboard=False,
+        ray.init(address="local", num_cpus=args.jobs, resources={"bench": args.jobs},
+                 include_dashboard=False,
                  log_to_driver=False)
         engine = RayEngine()
         # A first small run starts the workers and imports the runtime in them: that is

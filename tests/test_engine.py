@@ -36,7 +36,8 @@ def ray_engine() -> Iterator[RayEngine]:
 
     # One custom resource, for the profile-resource tests (a profile asking for it runs;
     # one asking for another never could).
-    ray.init(num_cpus=2, resources={"claude": 1}, include_dashboard=False,
+    # address="local": always a new instance, never a cluster another process started.
+    ray.init(address="local", num_cpus=2, resources={"claude": 1}, include_dashboard=False,
              log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
         yield RayEngine()
