@@ -31,10 +31,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from runtime.plan import plan_topology, write_plan  # noqa: E402
-from runtime.records import RunSettings  # noqa: E402
-from runtime.redact import Redactor  # noqa: E402
-from runtime.run import Hooks, start_run  # noqa: E402
+from runtime.plan.compile import plan_topology, write_plan  # noqa: E402
+from runtime.prompt.redact import Redactor  # noqa: E402
+from runtime.run.records import RunSettings  # noqa: E402
+from runtime.run.start import Hooks, start_run  # noqa: E402
 
 
 def _plan(root: Path, nodes: int, resources: dict[str, float] | None = None) -> Path:
@@ -80,7 +80,7 @@ def _makespan(width: int, sleep_s: float, tmp: Path) -> tuple[float, float]:
     import ray
     from ray.cluster_utils import Cluster
 
-    from runtime.ray_engine import RayEngine
+    from runtime.run.ray_engine import RayEngine
 
     slots = 2
     cluster = Cluster(initialize_head=True,
@@ -117,7 +117,7 @@ def main() -> None:
         local = _per_attempt(plan, root, "local", args.jobs, Hooks(), args.nodes)
         import ray
 
-        from runtime.ray_engine import RayEngine
+        from runtime.run.ray_engine import RayEngine
 
         t0 = time.perf_counter()
         ray.init(address="local", num_cpus=args.jobs, resources={"bench": args.jobs},

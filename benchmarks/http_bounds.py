@@ -116,10 +116,10 @@ def peak_rss_mib() -> float:
 
 def child(scenario: str, url: str, timeout: float) -> None:
     """Run the agent once; print seconds, peak RSS and what it concluded, as JSON."""
-    from runtime.agents import Invocation
+    from runtime.agents.base import Invocation
+    from runtime.agents.capture import BoundedCapture
     from runtime.agents.http import HttpAgent
-    from runtime.capture import BoundedCapture
-    from runtime.profiles import HttpProfile
+    from runtime.plan.profiles import HttpProfile
 
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)

@@ -60,7 +60,7 @@ from pathlib import Path
 
 from runtime.digest import file_blake3
 from runtime.errors import LedgerError
-from runtime.ledger import (
+from runtime.run.events import (
     AttemptFinished,
     AttemptStarted,
     Event,

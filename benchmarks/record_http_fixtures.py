@@ -161,10 +161,10 @@ def record_refused(version: str) -> dict[str, Any]:
 
 
 def agent_table(base: str, refused_base: str) -> None:
-    from runtime.agents import Invocation
+    from runtime.agents.base import Invocation
+    from runtime.agents.capture import BoundedCapture
     from runtime.agents.http import HttpAgent
-    from runtime.capture import BoundedCapture
-    from runtime.profiles import HttpProfile
+    from runtime.plan.profiles import HttpProfile
 
     os.environ["FIXTURE_KEY_OK"], os.environ["FIXTURE_KEY_BAD"] = MASTER_KEY, "sk-not-the-key"
     cases = [(n, m, "FIXTURE_KEY_OK" if k == MASTER_KEY else "FIXTURE_KEY_BAD", base)

@@ -34,10 +34,11 @@ from typing import cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from runtime.agents import Invocation, make_agent
-from runtime.capture import BoundedCapture
-from runtime.profiles import CommandProfile
-from runtime.redact import Redactor
+from runtime.agents import make_agent
+from runtime.agents.base import Invocation
+from runtime.agents.capture import BoundedCapture
+from runtime.plan.profiles import CommandProfile
+from runtime.prompt.redact import Redactor
 from tests import benign_corpus, redaction_corpus, secret_families
 
 Redact = Callable[[str], str]

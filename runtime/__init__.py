@@ -10,8 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .batch import BatchOptions, BatchSummary, run_batch
-    from .errors import (
+    from runtime.batch import BatchOptions, run_batch
+    from runtime.errors import (
         DagRuntimeError,
         ExecutionError,
         InputError,
@@ -22,26 +22,29 @@ if TYPE_CHECKING:
         TopologyError,
         UsageError,
     )
-    from .failures import FailureClass
-    from .plan import CompiledPlan, Manifest, compile_plan, plan_topology, write_plan
-    from .records import RunSettings
-    from .redact import Redactor
-    from .run import RunResult, resume_run, start_run
-    from .topology import Topology, load_topology
-    from .verify import verify_plan_dir
+    from runtime.failures import FailureClass
+    from runtime.plan.compile import compile_plan, plan_topology, write_plan
+    from runtime.plan.manifest import CompiledPlan, Manifest
+    from runtime.plan.topology import Topology, load_topology
+    from runtime.plan.verify import verify_plan_dir
+    from runtime.prompt.redact import Redactor
+    from runtime.run.records import RunSettings
+    from runtime.run.start import RunResult, resume_run, start_run
+    from runtime.run.summary import BatchSummary
 
 _MODULES = {
-    "BatchOptions": "batch", "BatchSummary": "batch", "run_batch": "batch",
+    "BatchOptions": "batch", "BatchSummary": "run.summary", "run_batch": "batch",
     "DagRuntimeError": "errors", "ExecutionError": "errors", "InputError": "errors",
     "LedgerError": "errors", "PlanFormatError": "errors", "Problem": "errors",
     "TemplateError": "errors", "TopologyError": "errors", "UsageError": "errors",
     "FailureClass": "failures",
-    "CompiledPlan": "plan", "Manifest": "plan", "compile_plan": "plan",
-    "plan_topology": "plan", "write_plan": "plan",
-    "RunSettings": "records", "Redactor": "redact",
-    "RunResult": "run", "resume_run": "run", "start_run": "run",
-    "Topology": "topology", "load_topology": "topology",
-    "verify_plan_dir": "verify",
+    "CompiledPlan": "plan.manifest", "Manifest": "plan.manifest",
+    "compile_plan": "plan.compile", "plan_topology": "plan.compile",
+    "write_plan": "plan.compile",
+    "RunSettings": "run.records", "Redactor": "prompt.redact",
+    "RunResult": "run.start", "resume_run": "run.start", "start_run": "run.start",
+    "Topology": "plan.topology", "load_topology": "plan.topology",
+    "verify_plan_dir": "plan.verify",
 }
 
 __all__ = [

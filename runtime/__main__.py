@@ -1,5 +1,5 @@
 """``python -m runtime`` is the ``runtime`` command."""
 
-from .cli import entry
+from runtime.cli import entry
 
 entry()

@@ -23,11 +23,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import DagRuntimeError, InputError, UsageError
-from .graph import to_dot, to_mermaid
-from .plan import plan_topology, read_manifest, write_plan
-from .topology import Topology
-from .verify import diff_golden, golden_bytes, golden_of, read_golden, verify_plan_dir
+from runtime.errors import DagRuntimeError, InputError, UsageError
+from runtime.plan.compile import plan_topology, write_plan
+from runtime.plan.graph import to_dot, to_mermaid
+from runtime.plan.manifest import read_manifest
+from runtime.plan.topology import Topology
+from runtime.plan.verify import diff_golden, golden_bytes, golden_of, read_golden, verify_plan_dir
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -275,7 +276,7 @@ def _check_path(flag: str, path: Path, *, want_dir: bool) -> None:
 
 
 def _read_operator_prompt(path: Path) -> str:
-    from .files import read_regular
+    from runtime.files import read_regular
 
     try:
         raw = read_regular(path, OPERATOR_PROMPT_MAX_BYTES)
@@ -352,8 +353,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _plan_digest(plan_dir: Path) -> str:
-    from .digest import file_blake3
-    from .plan import MANIFEST_NAME
+    from runtime.digest import file_blake3
+    from runtime.plan.manifest import MANIFEST_NAME
 
     return file_blake3(plan_dir / MANIFEST_NAME)
 
@@ -371,11 +372,11 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``runtime run``: plan (or verify) and execute one topology or plan directory."""
-    from .overrides import parse_sets
-    from .plan import PROMPTS_DIR
-    from .records import RunSettings
-    from .run import check_settings, start_run
-    from .rundir import check_run_id
+    from runtime.plan.manifest import PROMPTS_DIR
+    from runtime.run.layout import check_run_id
+    from runtime.run.overrides import parse_sets
+    from runtime.run.records import RunSettings
+    from runtime.run.start import check_settings, start_run
 
     redactor = _redactor(args)  # before planning: a refused option writes nothing
     target: Path = args.target
@@ -426,8 +427,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _preflight(manifest: Any, settings: Any, redactor: Any) -> Any:
     """Refuse (exit 2) or skip the profiles that cannot run (runtime/preflight.py)."""
-    from .preflight import notes, preflight_run
-    from .run import check_settings
+    from runtime.run.preflight import notes, preflight_run
+    from runtime.run.start import check_settings
 
     check_settings(manifest, settings)
     settings, decision = preflight_run(manifest, settings, redactor=redactor)
@@ -438,7 +439,7 @@ def _preflight(manifest: Any, settings: Any, redactor: Any) -> Any:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """``runtime doctor``: run the agent profiles' pre-flight checks, writing nothing."""
-    from .preflight import checks_json, doctor, load_manifests, render_checks
+    from runtime.run.preflight import checks_json, doctor, load_manifests, render_checks
 
     targets = args.targets or [Path("topologies")]
     manifests = load_manifests(targets, args.prompts, parse_vars(args.var))
@@ -451,9 +452,9 @@ def cmd_batch(args: argparse.Namespace) -> int:
     """``runtime batch``: run many topologies, then write the summary, findings and report."""
     from rich.console import Console
 
-    from .batch import BatchOptions, expand, run_batch
-    from .progress import LineProgress, LiveProgress, summary_table
-    from .report import render_batch_report, render_run_report
+    from runtime.batch import BatchOptions, expand, run_batch
+    from runtime.progress import LineProgress, LiveProgress, summary_table
+    from runtime.report.html import render_batch_report, render_run_report
 
     _check_count("--jobs", args.jobs, 1, MAX_JOBS)
     _check_count("--node-jobs", args.node_jobs, 1, MAX_JOBS)
@@ -505,7 +506,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """``runtime resume``: continue an interrupted run."""
-    from .run import resolve_run_dir, resume_run
+    from runtime.run.read import resolve_run_dir
+    from runtime.run.start import resume_run
 
     deadline_at = _deadline_at(args.deadline)
     redactor = _redactor(args)
@@ -518,13 +520,14 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_retry(args: argparse.Namespace) -> int:
     """``runtime retry``: re-run the failed and skipped nodes of a run, or of a whole batch."""
-    from .run import RetryRequest, resolve_run_dir, retry_run
+    from runtime.run.read import resolve_run_dir
+    from runtime.run.start import RetryRequest, retry_run
 
     deadline_at = _deadline_at(args.deadline)
     redactor = _redactor(args)
     request = RetryRequest(agent=args.agent, no_fallback=args.no_fallback,
                            sets=tuple(args.sets))
-    from .findings import resolve_target
+    from runtime.report.findings import resolve_target
 
     kind, path = resolve_target(args.target, args.artifacts)
     if kind == "batch":
@@ -542,9 +545,10 @@ def _retry_batch(args: argparse.Namespace, batch_dir: Path, request: Any, redact
 
     The summary, findings.sarif and report are then written again from all runs.
     """
-    from .batch import BatchSummary, rewrite_summary
-    from .lock import hold
-    from .run import retry_run
+    from runtime.batch import rewrite_summary
+    from runtime.run.lock import hold
+    from runtime.run.start import retry_run
+    from runtime.run.summary import BatchSummary
 
     retried = 0
     with hold(batch_dir, f"batch {batch_dir.name}"), _cancel_on_signals() as cancel:
@@ -567,7 +571,7 @@ def _retry_batch(args: argparse.Namespace, batch_dir: Path, request: Any, redact
 
 def cmd_show(args: argparse.Namespace) -> int:
     """``runtime show``: print a run's state, folded from its ledger."""
-    from .run import load_run, resolve_run_dir
+    from runtime.run.read import load_run, resolve_run_dir
 
     run_dir = resolve_run_dir(args.run, args.artifacts)
     state = load_run(run_dir)[1]
@@ -580,7 +584,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_findings(args: argparse.Namespace) -> int:
     """``runtime findings``: merge the accepted SARIF artifacts of runs or a batch."""
-    from .findings import collect, json_bytes, sarif_bytes, table_text
+    from runtime.report.findings import collect, json_bytes, sarif_bytes, table_text
 
     found = collect(args.target, args.artifacts)
     fmt = args.format or ("json" if args.json else "table")
@@ -593,7 +597,7 @@ def cmd_findings(args: argparse.Namespace) -> int:
         data = table_text(found, shutil.get_terminal_size().columns if wide else 160).encode()
     counts = found.counts()
     if args.output is not None:
-        from .files import replace_atomically
+        from runtime.files import replace_atomically
 
         args.output.parent.mkdir(parents=True, exist_ok=True)
         replace_atomically(args.output, data)
@@ -638,7 +642,7 @@ def _redactor(args: argparse.Namespace) -> Any:
 
 
 def _env_redactor(declared: list[str]) -> Any:
-    from .redact import Redactor
+    from runtime.prompt.redact import Redactor
 
     extra = [v for v in os.environ.get("RUNTIME_REDACT", "").split(os.pathsep) if v]
     return Redactor.from_environment(os.environ, [*declared, *extra])
@@ -687,7 +691,7 @@ def _hooks(cancel: Any, args: argparse.Namespace, engine: Any = None) -> Any:
     The engine is ``engine``, else the one --engine names. One stderr line per node event
     as it happens: CI logs show progress; --json keeps stderr quiet for machines.
     """
-    from .run import Hooks
+    from runtime.run.start import Hooks
 
     printer = None if getattr(args, "json", False) else _print_event
     return Hooks(cancel=cancel, after_append=printer, engine=engine or _engine(args))
@@ -700,13 +704,13 @@ def _engine(args: argparse.Namespace) -> Any:
         if address is not None:
             raise UsageError("--ray-address needs --engine ray")
         return None
-    from .ray_engine import RayEngine
+    from runtime.run.ray_engine import RayEngine
 
     return RayEngine(address)
 
 
 def _print_event(ev: Any) -> None:
-    from .progress import event_line
+    from runtime.progress import event_line
 
     line = event_line(ev)
     if line:
@@ -715,7 +719,7 @@ def _print_event(ev: Any) -> None:
 
 
 def _report_run(args: argparse.Namespace, result: Any) -> int:
-    from .report import render_run_report
+    from runtime.report.html import render_run_report
 
     report = render_run_report(result.run_dir)
     state = result.state
@@ -724,7 +728,7 @@ def _report_run(args: argparse.Namespace, result: Any) -> int:
                    "reason": ns.reason, "failed_ancestor": ns.failed_ancestor,
                    "summary": ns.last_failure.summary if ns.last_failure else None}
              for nid, ns in state.nodes.items()}
-    from .findings import run_findings
+    from runtime.report.findings import run_findings
 
     counts = run_findings(result.run_dir).counts()
     obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),

@@ -23,8 +23,9 @@ from rich.progress import (
 from rich.progress import Progress as RichBar
 from rich.table import Table
 
-from .batch import BatchEntry, BatchSummary, Progress
-from .ledger import AttemptStarted, Event, NodeFailed, NodeSkipped, NodeSucceeded
+from runtime.batch import Progress
+from runtime.run.events import AttemptStarted, Event, NodeFailed, NodeSkipped, NodeSucceeded
+from runtime.run.summary import BatchEntry, BatchSummary
 
 
 class LiveProgress(Progress):

@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from runtime.agents import AgentExit, Invocation
+from runtime.agents.base import AgentExit, Invocation
 from runtime.agents.simulated import example_for
 
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 if TYPE_CHECKING:
-    from runtime.run import RunResult
+    from runtime.run.start import RunResult
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT_CLIS = REPO / ".ci" / "agent-clis" / "node_modules" / ".bin"
@@ -85,7 +85,7 @@ def python_agents(*names: str) -> dict[str, Any]:
 
 
 def plan_dir_for(project: Project, topo: Mapping[str, Any]) -> Path:
-    from runtime.plan import plan_topology, write_plan
+    from runtime.plan.compile import plan_topology, write_plan
 
     project.write_topology(topo)
     return write_plan(plan_topology(project.topology, project.prompts), project.artifacts)
@@ -93,9 +93,9 @@ def plan_dir_for(project: Project, topo: Mapping[str, Any]) -> Path:
 
 def run_topology(project: Project, topo: Mapping[str, Any], **settings: Any) -> RunResult:
     """Plan and run in-process; returns the RunResult."""
-    from runtime.records import RunSettings
-    from runtime.redact import Redactor
-    from runtime.run import Hooks, start_run
+    from runtime.prompt.redact import Redactor
+    from runtime.run.records import RunSettings
+    from runtime.run.start import Hooks, start_run
 
     hooks = settings.pop("hooks", None) or Hooks()
     run_id = settings.pop("run_id", "test-run")

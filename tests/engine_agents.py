@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from runtime.agents import Invocation
+from runtime.agents.base import Invocation
 from tests.agent_scripts import write_all
 
 

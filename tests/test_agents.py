@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 
-from runtime.agents import Agent, AgentExit, Invocation, make_agent
+from runtime.agents import make_agent
+from runtime.agents.base import Agent, AgentExit, Invocation
+from runtime.agents.capture import BoundedCapture
 from runtime.agents.command import agent_environment
 from runtime.agents.simulated import example_for
-from runtime.capture import BoundedCapture
-from runtime.profiles import CommandProfile, PythonProfile, SimulatedProfile
-from runtime.topology import ArtifactSpec
+from runtime.plan.profiles import CommandProfile, PythonProfile, SimulatedProfile
+from runtime.plan.topology import ArtifactSpec
 
 ARTIFACTS = (ArtifactSpec(path="report.md"),
              ArtifactSpec.model_validate({"path": "out/data.json", "kind": "json",

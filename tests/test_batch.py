@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 from pydantic.main import IncEx
 
-from runtime.batch import BatchOptions, BatchSummary, run_batch
+from runtime.batch import BatchOptions, run_batch
 from runtime.cli import main
-from runtime.redact import Redactor
+from runtime.prompt.redact import Redactor
+from runtime.run.summary import BatchSummary
 from tests.conftest import Project, make_topology
 
 

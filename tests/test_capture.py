@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.agents import Invocation, make_agent
-from runtime.capture import BoundedCapture
-from runtime.profiles import CommandProfile
+from runtime.agents import make_agent
+from runtime.agents.base import Invocation
+from runtime.agents.capture import BoundedCapture
+from runtime.plan.profiles import CommandProfile
 
 
 def test_small_output_is_kept_whole(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from runtime.cli import main
 from runtime.failures import FailureClass
-from runtime.ledger import AttemptFinished, AttemptStarted, Event, NodeSkipped
+from runtime.run.events import AttemptFinished, AttemptStarted, Event, NodeSkipped
 from tests.conftest import REPO, Project, make_topology
 
 

@@ -146,7 +146,7 @@ def test_a_valid_deadline_is_recorded_from_the_run_start(
         project: Project, topo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
-    from runtime.ledger import RunStarted, read_events
+    from runtime.run.events import RunStarted, read_events
 
     before = time.time()
     code = main(project.cli("run", str(topo), "--run-id", "dl", "--deadline", "3600"))

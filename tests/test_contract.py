@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from runtime.contract import check_artifact, verify_artifacts
-from runtime.topology import ArtifactSpec
+from runtime.plan.topology import ArtifactSpec
+from runtime.run.contract import check_artifact, verify_artifacts
 
 
 def _spec(**kw: Any) -> ArtifactSpec:

@@ -1,4 +1,4 @@
-"""The engine seam (runtime/engine.py) and ``--engine ray`` against a real local Ray
+"""The engine seam (runtime/run/engine.py) and ``--engine ray`` against a real local Ray
 (one ``ray.init`` for the whole module: starting Ray costs seconds)."""
 
 from __future__ import annotations
@@ -13,26 +13,26 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from runtime.agents import AgentExit
-from runtime.capture import BoundedCapture
-from runtime.engine import AgentOutcome, LocalSite, collect_artifacts, deliver
+from runtime.agents.base import AgentExit
+from runtime.agents.capture import BoundedCapture
 from runtime.failures import FailureClass, NodeStatus, RunStatus
-from runtime.ledger import Event
-from runtime.records import AttemptContext
-from runtime.redact import Redactor
-from runtime.run import Hooks
-from runtime.topology import ArtifactSpec
+from runtime.plan.topology import ArtifactSpec
+from runtime.prompt.redact import Redactor
+from runtime.run.engine import AgentOutcome, LocalSite, collect_artifacts, deliver
+from runtime.run.events import Event
+from runtime.run.records import AttemptContext
+from runtime.run.start import Hooks
 from tests.conftest import REPO, Project, make_topology, python_agents, run_topology
 
 if TYPE_CHECKING:
-    from runtime.ray_engine import RayEngine  # imports ray: only when a test asks for it
+    from runtime.run.ray_engine import RayEngine  # imports ray: only when a test asks for it
 
 
 @pytest.fixture(scope="module")
 def ray_engine() -> Iterator[RayEngine]:
     import ray
 
-    from runtime.ray_engine import RayEngine
+    from runtime.run.ray_engine import RayEngine
 
     # One custom resource, for the profile-resource tests (a profile asking for it runs;
     # one asking for another never could).
@@ -105,7 +105,7 @@ def test_ray_inputs_reach_the_worker(project: Project, ray_engine: RayEngine) ->
 
 
 def test_a_local_run_resumes_on_ray(project: Project, ray_engine: RayEngine) -> None:
-    from runtime.run import resume_run
+    from runtime.run.start import resume_run
 
     topo = _topo("write_all")
     cancel = threading.Event()
@@ -226,7 +226,7 @@ def test_ray_address_needs_the_ray_engine(project: Project,
 
 def test_engine_ray_without_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     from runtime.errors import UsageError
-    from runtime.ray_engine import RayEngine
+    from runtime.run.ray_engine import RayEngine
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(UsageError, match=r"--engine ray needs the ray package: install the "
@@ -327,9 +327,9 @@ class _VanishingNode:
 
 def test_a_resource_that_leaves_while_waiting_ends_the_wait(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from runtime import ray_engine as mod
-    from runtime.engine import AgentRequest
-    from runtime.profiles import PythonProfile
+    from runtime.plan.profiles import PythonProfile
+    from runtime.run import ray_engine as mod
+    from runtime.run.engine import AgentRequest
 
     monkeypatch.setattr(mod, "FEASIBLE_CHECK_S", 0.01)
     monkeypatch.setattr(mod, "LOST_GRACE_S", 0.05)
@@ -378,7 +378,7 @@ def test_a_resource_that_leaves_while_waiting_ends_the_wait(
 def test_bad_profile_resources_are_topology_errors(project: Project, resources: str,
                                                    message: str) -> None:
     from runtime.errors import TopologyError
-    from runtime.plan import plan_topology
+    from runtime.plan.compile import plan_topology
 
     project.write_topology(
         "schema_version: 1\nname: t\nagents:\n  claude-cli:\n    kind: command\n"
@@ -391,7 +391,7 @@ def test_bad_profile_resources_are_topology_errors(project: Project, resources: 
 
 
 def test_unset_resources_stay_out_of_the_plan(project: Project) -> None:
-    from runtime.plan import plan_topology
+    from runtime.plan.compile import plan_topology
 
     topo = make_topology({"a": []})
     topo["agents"] = {"cmd": {"kind": "command", "argv": ["true"]}}
@@ -439,9 +439,9 @@ def test_an_agent_dies_with_its_killed_worker(project: Project, ray_engine: Any,
 
 
 def test_without_the_sandbox_a_missing_program_stays_a_launch_error(tmp_path: Path) -> None:
-    from runtime.agents import Invocation
-    from runtime.profiles import CommandProfile
-    from runtime.ray_engine import worker_agent
+    from runtime.agents.base import Invocation
+    from runtime.plan.profiles import CommandProfile
+    from runtime.run.ray_engine import worker_agent
 
     agent = worker_agent(CommandProfile(kind="command", sandbox=False,
                                         argv=["no-such-agent-program", "-p"]))

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from runtime.failures import FailureClass, NodeStatus, RunStatus
-from runtime.ledger import Event, read_events
-from runtime.records import AttemptContext
+from runtime.run.events import Event, read_events
+from runtime.run.records import AttemptContext
 from tests.conftest import Project, make_topology, python_agents, run_topology
 
 
@@ -117,7 +117,7 @@ def test_deadline_stops_new_attempts(project: Project) -> None:
 
 
 def test_digest_mismatch_is_never_retried(project: Project) -> None:
-    from runtime.run import Hooks
+    from runtime.run.start import Hooks
 
     def tamper(event: Event) -> None:
         if event.event == "run.started":
@@ -174,7 +174,7 @@ def test_workspace_is_emptied_before_each_attempt(project: Project) -> None:
 
 def test_secrets_never_reach_ledger_state_or_attempt(project: Project,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from runtime.redact import Redactor
+    from runtime.prompt.redact import Redactor
 
     secret = "s3cr3t-VALUE-9f8e7d"
     monkeypatch.setenv("TEST_API_KEY", secret)

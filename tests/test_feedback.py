@@ -12,14 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.assemble import PRIOR_FAILURE_CLOSE, PRIOR_FAILURE_OPEN, SECTION_SEPARATOR
 from runtime.digest import blake3_hex, file_blake3
 from runtime.failures import FailureClass, NodeStatus, RunStatus
-from runtime.feedback import encode_block, fingerprint, render_preamble
-from runtime.plan import plan_topology
-from runtime.records import PriorFailure
-from runtime.redact import Redactor
-from runtime.run import RunResult, start_run
+from runtime.plan.compile import plan_topology
+from runtime.prompt.assemble import PRIOR_FAILURE_CLOSE, PRIOR_FAILURE_OPEN, SECTION_SEPARATOR
+from runtime.prompt.feedback import PriorFailure, encode_block, fingerprint, render_preamble
+from runtime.prompt.redact import Redactor
+from runtime.run.start import RunResult, start_run
 from tests.conftest import REPO, Project
 
 INCIDENT = REPO / "topologies" / "incident-replay.yaml"
@@ -39,9 +38,9 @@ def _block_json(preamble: str) -> dict[str, Any]:
 
 
 def _run_incident(tmp_path: Path, feedback: bool) -> tuple[RunResult, Path]:
-    from runtime.plan import write_plan
-    from runtime.policy import NodeOverrides
-    from runtime.records import RunSettings
+    from runtime.plan.compile import write_plan
+    from runtime.run.policy import NodeOverrides
+    from runtime.run.records import RunSettings
 
     plan_dir = write_plan(plan_topology(INCIDENT, REPO / "prompts"), tmp_path / "artifacts")
     overrides = {} if feedback else {"durable-handler": NodeOverrides(retry_feedback=False)}

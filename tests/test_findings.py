@@ -12,13 +12,21 @@ import yaml
 from jsonschema import Draft4Validator
 
 from runtime.agents.simulated import sarif_example
-from runtime.batch import BatchOptions, BatchSummary, run_batch
+from runtime.batch import BatchOptions, run_batch
 from runtime.cli import main
-from runtime.contract import check_artifact, sarif_errors, sarif_schema
-from runtime.findings import FINGERPRINT_KEY, Findings, Source, _node_run, collect, run_findings
-from runtime.plan import plan_topology
-from runtime.redact import Redactor
-from runtime.topology import ArtifactSpec
+from runtime.plan.compile import plan_topology
+from runtime.plan.topology import ArtifactSpec
+from runtime.prompt.redact import Redactor
+from runtime.report.findings import (
+    FINGERPRINT_KEY,
+    Findings,
+    Source,
+    _node_run,
+    collect,
+    run_findings,
+)
+from runtime.run.contract import check_artifact, sarif_errors, sarif_schema
+from runtime.run.summary import BatchSummary
 from tests.conftest import REPO, Project, make_topology, run_topology
 
 OASIS_ID = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
@@ -314,7 +322,7 @@ def test_findings_text_is_inert_in_the_table() -> None:
     log = sarif_example("n")
     log["runs"][0]["results"][0]["message"]["text"] = "[bold red]x[/] \x1b[31mred\x1b[0m"
     run, findings = _node_run("t", "n", [(log["runs"][0], _source())], [])
-    from runtime.findings import table_text
+    from runtime.report.findings import table_text
 
     text = table_text(Findings(runs=[run], findings=findings))
     assert "[bold red]x[/] red" in text

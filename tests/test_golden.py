@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.plan import plan_topology
-from runtime.verify import diff_golden, golden_of, read_golden
+from runtime.plan.compile import plan_topology
+from runtime.plan.verify import diff_golden, golden_of, read_golden
 from tests.conftest import REPO
 
 SHIPPED = sorted((REPO / "topologies").glob("*.yaml"))

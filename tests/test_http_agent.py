@@ -18,7 +18,8 @@ import httpcore
 import httpx
 import pytest
 
-from runtime.agents import AgentExit, Invocation
+from runtime.agents.base import AgentExit, Invocation
+from runtime.agents.capture import BoundedCapture
 from runtime.agents.http import HttpAgent, Reply, classify, retry_after
 from runtime.agents.http_wire import (
     POLL_S,
@@ -28,10 +29,9 @@ from runtime.agents.http_wire import (
     DeadlineTransport,
     attempt_bounds,
 )
-from runtime.capture import BoundedCapture
 from runtime.failures import FailureClass
-from runtime.profiles import HttpProfile
-from runtime.topology import ArtifactSpec
+from runtime.plan.profiles import HttpProfile
+from runtime.plan.topology import ArtifactSpec
 
 KEY = "sk-test-" + "k3y" * 10
 FIXTURES = Path(__file__).parent / "fixtures" / "http"
@@ -639,7 +639,7 @@ def test_end_to_end_key_never_reaches_disk(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from runtime.redact import Redactor
+    from runtime.prompt.redact import Redactor
     from tests.conftest import Project, make_topology, run_topology
 
     monkeypatch.setenv("TEST_LLM_KEY", KEY)

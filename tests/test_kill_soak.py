@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.ledger import (
+from runtime.run.events import (
     AttemptFinished,
     AttemptStarted,
     NodeSucceeded,
@@ -36,7 +36,7 @@ TOKEN = "kill-soak-test-token"
 # a real kill -9.
 CRASHER = """
 import os, runpy, signal, sys
-import runtime.ledger as ledger
+import runtime.run.ledger as ledger
 
 where, kind, nth = os.environ["CRASH_AT"].split(":")
 seen = [0]

@@ -7,20 +7,20 @@ import pytest
 
 from runtime.errors import LedgerError
 from runtime.failures import FailureClass, NodeStatus, RunStatus
-from runtime.ledger import (
+from runtime.run.events import (
     EVENT_ADAPTER,
     AttemptFinished,
     AttemptStarted,
     Event,
-    Ledger,
     NodeFailed,
     NodeSkipped,
     NodeSucceeded,
     RunFinished,
     RunStarted,
-    fold,
     read_events,
 )
+from runtime.run.ledger import Ledger
+from runtime.run.state import fold
 
 EVENTS: list[Event] = [
     RunStarted(run_id="r", plan_digest="d" * 64, topology="t", settings={"jobs": 2}),
@@ -119,7 +119,7 @@ def test_fold_counts_lost_attempts_apart(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("cut", range(1, len(EVENTS)))
 def test_incremental_fold_equals_full_fold(tmp_path: Path, cut: int) -> None:
-    from runtime.ledger import Folder
+    from runtime.run.state import Folder
 
     events = read_events(_write(tmp_path, EVENTS))
     folder = Folder(["a", "b", "c", "d"])

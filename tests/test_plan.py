@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from runtime.assemble import constant_digests
 from runtime.digest import blake3_hex, canonical_json
-from runtime.plan import plan_topology, write_plan
+from runtime.plan.compile import plan_topology, write_plan
+from runtime.prompt.assemble import constant_digests
 from tests.conftest import REPO, Project, make_topology
 
 SHIPPED = sorted((REPO / "topologies").glob("*.yaml"))
@@ -100,7 +100,7 @@ def test_replanning_into_an_existing_directory_reuses_it(project: Project) -> No
 def test_manifest_bytes_are_stable_under_reserialisation(topology: Path) -> None:
     """plan.json is built as plain data; parsing and re-dumping it must give the same
     canonical bytes, or a reader that re-serialises would compute another digest."""
-    from runtime.plan import Manifest
+    from runtime.plan.manifest import Manifest
 
     plan = plan_topology(topology, REPO / "prompts")
     assert Manifest.model_validate_json(plan.manifest_bytes).to_bytes() == plan.manifest_bytes

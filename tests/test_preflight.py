@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-from runtime import preflight
 from runtime.agents import AnyProfile
 from runtime.cli import main
 from runtime.failures import FailureClass as F
-from runtime.plan import Manifest, plan_topology
-from runtime.preflight import PreflightError, check_profile, decide, preflight_run
-from runtime.profiles import CommandProfile, HttpProfile, PythonProfile, SimulatedProfile
-from runtime.records import RunSettings
-from runtime.redact import Redactor
+from runtime.plan.compile import plan_topology
+from runtime.plan.manifest import Manifest
+from runtime.plan.profiles import CommandProfile, HttpProfile, PythonProfile, SimulatedProfile
+from runtime.prompt.redact import Redactor
+from runtime.run import preflight
+from runtime.run.preflight import PreflightError, check_profile, decide, preflight_run
+from runtime.run.records import RunSettings
 from tests.conftest import Project, make_topology
 
 PY = sys.executable

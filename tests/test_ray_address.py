@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from runtime import ray_engine
 from runtime.errors import UsageError
-from runtime.ray_engine import ACCEPTED_ADDRESSES, call_within, connect, parse_address
+from runtime.run import ray_engine
+from runtime.run.ray_engine import ACCEPTED_ADDRESSES, call_within, connect, parse_address
 from tests.conftest import REPO, Project, make_topology
 
 ACCEPTED = "accepted: auto (the cluster `ray start` started on this host, or RAY_ADDRESS), " \

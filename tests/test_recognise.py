@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.agents.capture import BoundedCapture
 from runtime.agents.recognise import (
     AgentKind,
     classify_status,
@@ -20,7 +21,6 @@ from runtime.agents.recognise import (
     read_preflight,
     strip_echo,
 )
-from runtime.capture import BoundedCapture
 from runtime.failures import FailureClass as F
 
 FIXTURES = Path(__file__).parent / "fixtures" / "agents"

@@ -10,12 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.assemble import PRIOR_FAILURE_CLOSE, PRIOR_FAILURE_OPEN
-from runtime.capture import BoundedCapture
+from runtime.agents.capture import BoundedCapture
 from runtime.failures import FailureClass
-from runtime.feedback import fingerprint, render_preamble
-from runtime.records import PriorFailure
-from runtime.redact import Redactor, bound, looks_secret, sanitize
+from runtime.prompt.assemble import PRIOR_FAILURE_CLOSE, PRIOR_FAILURE_OPEN
+from runtime.prompt.feedback import PriorFailure, fingerprint, render_preamble
+from runtime.prompt.redact import Redactor, bound, looks_secret, sanitize
 from tests import benign_corpus, secret_families
 from tests.redaction_corpus import ESCAPES, Case, build
 from tests.secret_families import NOT_SECRETS

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import TemplateError
-from runtime.plan import plan_topology
-from runtime.render import ALLOWED_VARIABLES
+from runtime.plan.compile import plan_topology
+from runtime.plan.render import ALLOWED_VARIABLES
 from tests.conftest import Project, make_topology
 
 
@@ -198,7 +198,7 @@ def test_included_non_regular_file_is_refused(project: Project) -> None:
 
 def test_oversized_template_is_refused_before_reading(
         project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
-    from runtime import render
+    from runtime.plan import render
 
     monkeypatch.setattr(render, "TEMPLATE_MAX_BYTES", 64)
     project.template("big.md.j2", "x" * 65)
@@ -228,7 +228,7 @@ def test_render_memory_growth_is_bounded(project: Project,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the size bounds (lifted here), the watchdog stops a render that grows the
     process by more than RENDER_MAX_GROWTH_BYTES."""
-    from runtime import render
+    from runtime.plan import render
 
     monkeypatch.setattr(render, "RENDER_MAX_GROWTH_BYTES", 32 * 1024 * 1024)
     monkeypatch.setattr(render, "BUILD_BUDGET_FACTOR", 1 << 20)

@@ -16,12 +16,12 @@ import networkx as nx
 import pytest
 
 from runtime.batch import BatchOptions, run_batch
-from runtime.diagram import BOX_H, BOX_W, Diagram, layout
-from runtime.findings import dag_order
-from runtime.plan import plan_topology
-from runtime.redact import Redactor
-from runtime.report import CSP, STATUS_STYLE, render_batch_report, render_run_report
-from runtime.run import load_run
+from runtime.plan.compile import plan_topology
+from runtime.prompt.redact import Redactor
+from runtime.report.diagram import BOX_H, BOX_W, Diagram, layout
+from runtime.report.findings import dag_order
+from runtime.report.html import CSP, STATUS_STYLE, render_batch_report, render_run_report
+from runtime.run.read import load_run
 from tests.agent_scripts import HOSTILE_MARKUP
 from tests.conftest import REPO, Project, make_topology, python_agents, run_topology
 
@@ -356,8 +356,8 @@ def test_reports_render_in_headless_chromium(run_dir: Path, project: Project,
 
 
 def test_findings_table_is_bounded_most_severe_first() -> None:
-    from runtime.findings import Finding
-    from runtime.report import _env
+    from runtime.report.findings import Finding
+    from runtime.report.html import _env
 
     def finding(level: str) -> Finding:
         return Finding(level=level, rule="R", location="a.py:1", message="m", topology="t",  # type: ignore[arg-type]

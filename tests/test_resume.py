@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from runtime.failures import FailureClass, RunStatus
-from runtime.ledger import AttemptFinished, AttemptStarted, Event, NodeSucceeded, read_events
-from runtime.redact import Redactor
-from runtime.run import resume_run
+from runtime.prompt.redact import Redactor
+from runtime.run.events import AttemptFinished, AttemptStarted, Event, NodeSucceeded, read_events
+from runtime.run.start import resume_run
 from tests.conftest import REPO, Project, make_topology, python_agents, run_topology
 
 
@@ -103,7 +103,7 @@ def _crash_after_attempt_started(event: Event) -> None:
 
 def _crashed_single_node_run(tmp_path: Path, **settings: Any) -> Path:
     """A one-node run whose process 'died' right after its first attempt started."""
-    from runtime.run import Hooks
+    from runtime.run.start import Hooks
 
     project = Project(tmp_path / "proj")
     project.root.mkdir()
@@ -118,7 +118,7 @@ def _crashed_single_node_run(tmp_path: Path, **settings: Any) -> Path:
 
 
 def test_lost_attempts_are_not_charged_but_three_in_a_row_fail(tmp_path: Path) -> None:
-    from runtime.run import Hooks
+    from runtime.run.start import Hooks
 
     run_dir = _crashed_single_node_run(tmp_path)
     for _ in range(2):
@@ -247,7 +247,7 @@ def test_resume_refuses_a_run_whose_plan_was_edited(tmp_path: Path) -> None:
 
 def test_a_run_in_use_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
     from runtime.errors import InUseError
-    from runtime.lock import hold
+    from runtime.run.lock import hold
 
     run_dir = _crashed_single_node_run(tmp_path)
     from runtime.cli import main
@@ -350,7 +350,7 @@ def test_a_link_planted_as_the_run_lock_is_refused(tmp_path: Path) -> None:
     """The lock is opened without following links: a planted symlink is a clear error,
     not a traceback and not a write through the link."""
     from runtime.errors import UsageError
-    from runtime.lock import lock_path
+    from runtime.run.lock import lock_path
 
     run_dir = _crashed_single_node_run(tmp_path)
     target = tmp_path / "victim"

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.batch import BatchSummary, run_batch
+from runtime.batch import run_batch
 from runtime.cli import main
 from runtime.failures import FailureClass, NodeStatus, RunStatus
-from runtime.ledger import RunStarted, read_events
-from runtime.run import RetryRequest, retry_run
+from runtime.run.events import RunStarted, read_events
+from runtime.run.start import RetryRequest, retry_run
+from runtime.run.summary import BatchSummary
 from tests.conftest import Project, make_topology, python_agents, run_topology
 from tests.test_batch import _options, batch_project  # noqa: F401 - a fixture
 

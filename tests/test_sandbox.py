@@ -22,15 +22,16 @@ from typing import Any
 import pytest
 import yaml
 
-from runtime.agents import Invocation, make_agent, procs, sandbox
-from runtime.capture import BoundedCapture
+from runtime.agents import make_agent, procs, sandbox
+from runtime.agents.base import Invocation
+from runtime.agents.capture import BoundedCapture
 from runtime.cli import main
 from runtime.failures import FailureClass, RunStatus
-from runtime.ledger import read_events
-from runtime.profiles import CommandProfile
-from runtime.records import AttemptContext
-from runtime.run import Hooks, RunResult, resume_run
-from runtime.verify import verify_plan_dir
+from runtime.plan.profiles import CommandProfile
+from runtime.plan.verify import verify_plan_dir
+from runtime.run.events import read_events
+from runtime.run.records import AttemptContext
+from runtime.run.start import Hooks, RunResult, resume_run
 from tests.conftest import REPO, Project, make_topology, plan_dir_for, run_topology
 
 HOSTILE = REPO / "tests" / "hostile"
@@ -115,7 +116,7 @@ def test_bwrap_argv_contains_the_promised_isolation(tmp_path: Path) -> None:
 ])
 def test_what_the_sandbox_hides(tmp_path: Path, attempt_dir: str, hidden: str) -> None:
     from runtime.agents.command import sandbox_spec
-    from runtime.profiles import SandboxSettings
+    from runtime.plan.profiles import SandboxSettings
 
     with _captures(tmp_path) as (out, err):
         inv = Invocation(run_id="r", node="n", attempt=1, max_attempts=1, prompt="",
@@ -509,7 +510,7 @@ def test_leftovers_never_names_the_runtime_its_ancestors_or_session_zero(
 
 
 def _shipped_profile(name: str) -> CommandProfile:
-    from runtime.topology import load_topology
+    from runtime.plan.topology import load_topology
 
     topology = load_topology(REPO / "topologies" / "web-service-review.yaml", REPO / "prompts")
     profile = topology.agents[name]

@@ -31,10 +31,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from runtime.agents import AgentExit
-from runtime.engine import AgentOutcome, AgentRequest, LocalEngine, LocalSite
+from runtime.agents.base import AgentExit
 from runtime.failures import FailureClass, NodeStatus, RunStatus
-from runtime.ledger import (
+from runtime.plan.profiles import PythonProfile
+from runtime.prompt.redact import Redactor
+from runtime.run.engine import AgentOutcome, AgentRequest, LocalEngine, LocalSite
+from runtime.run.events import (
     AttemptFinished,
     AttemptStarted,
     Event,
@@ -43,14 +45,12 @@ from runtime.ledger import (
     NodeSucceeded,
     RunFinished,
     RunStarted,
-    RunState,
-    charged_attempts,
     read_events,
 )
-from runtime.policy import LOST_STREAK_LIMIT
-from runtime.profiles import PythonProfile
-from runtime.redact import Redactor
-from runtime.run import Hooks, load_run, resume_run
+from runtime.run.policy import LOST_STREAK_LIMIT
+from runtime.run.read import load_run
+from runtime.run.start import Hooks, resume_run
+from runtime.run.state import RunState, charged_attempts
 from tests.conftest import DEFAULT_TEMPLATE, Project, make_topology, run_topology
 
 Step = Literal["ok", "exit", "contract", "lost"]

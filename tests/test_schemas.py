@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from runtime.batch import BatchSummary
-from runtime.ledger import Event, RunState
-from runtime.plan import Manifest
-from runtime.records import AttemptContext
-from runtime.verify import Golden
+from runtime.plan.manifest import Manifest
+from runtime.plan.verify import Golden
+from runtime.run.events import Event
+from runtime.run.records import AttemptContext
+from runtime.run.state import RunState
+from runtime.run.summary import BatchSummary
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden" / "schemas"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"

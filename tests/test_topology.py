@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from runtime.errors import TopologyError
-from runtime.topology import load_topology
+from runtime.plan.topology import load_topology
 from tests.conftest import Project, make_topology
 
 Mutation = Callable[[dict[str, Any]], None]
@@ -183,7 +183,7 @@ from hypothesis import strategies as st  # noqa: E402
 def test_cycle_check_agrees_with_networkx(graph: tuple[int, list[tuple[int, int]]]) -> None:
     import networkx as nx
 
-    from runtime.topology import _has_cycle
+    from runtime.plan.topology import _has_cycle
 
     n, pairs = graph
     preds: dict[str, list[str]] = {f"n{i}": [] for i in range(n)}
@@ -198,7 +198,7 @@ def test_cycle_check_agrees_with_networkx(graph: tuple[int, list[tuple[int, int]
 
 def test_size_is_checked_before_reading(project: Project,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from runtime import topology
+    from runtime.plan import topology
 
     monkeypatch.setattr(topology, "MAX_YAML_BYTES", 16)
     project.write_topology("schema_version: 1\nname: t\n")

@@ -9,8 +9,8 @@ import pytest
 
 from runtime.digest import canonical_json
 from runtime.errors import PlanFormatError
-from runtime.plan import plan_topology, write_plan
-from runtime.verify import verify_plan_dir
+from runtime.plan.compile import plan_topology, write_plan
+from runtime.plan.verify import verify_plan_dir
 from tests.conftest import Project, make_topology
 
 
@@ -120,7 +120,7 @@ def test_symlinked_prompt_is_not_a_regular_file(plan_dir: Path, tmp_path: Path) 
 
 
 def test_golden_diff_names_added_removed_and_constants() -> None:
-    from runtime.verify import Golden, diff_golden
+    from runtime.plan.verify import Golden, diff_golden
 
     old = Golden(topology="t", vars={}, plan_digest="p1", constants={"a": "1"},
                  nodes={"keep": "d1", "gone": "d2"})

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from runtime.watchdog import WATCHDOG, Overtime
+from runtime.plan.watchdog import WATCHDOG, Overtime
 
 NO_GROWTH_BOUND = 1 << 62
 

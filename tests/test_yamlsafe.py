@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from runtime import yamlsafe
-from runtime.yamlsafe import load_yaml
+from runtime.plan import yamlsafe
+from runtime.plan.yamlsafe import load_yaml
 
 BOMB = b"""\
 a: &a ["x","x","x","x","x","x","x","x","x"]

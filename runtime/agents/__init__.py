@@ -8,73 +8,10 @@ many attempts it gets.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
 
-from ..capture import BoundedCapture
-from ..failures import FailureClass
-from ..profiles import (
-    CommandProfile,
-    HttpProfile,
-    PythonProfile,
-    SimulatedProfile,
-)
-from ..topology import ArtifactSpec
-
-
-@dataclass(frozen=True)
-class Invocation:
-    """One attempt of one node, as an agent sees it."""
-
-    run_id: str
-    node: str
-    attempt: int
-    max_attempts: int
-    prompt: str
-    prompt_file: Path
-    workspace: Path
-    timeout_s: float
-    env: Mapping[str, str]
-    artifacts: tuple[ArtifactSpec, ...]
-    stdout: BoundedCapture
-    stderr: BoundedCapture
-    cancel: threading.Event = field(default_factory=threading.Event)
-    # The attempt's directory in the run (``attempt.json`` lives there): adapters that
-    # start processes record them there for a resume after a crash. None outside a run.
-    attempt_dir: Path | None = None
-    # The run's leaders log: adapters that start processes append each leader to it, so a
-    # resume after a crash can kill what is left. None outside a run (or on a worker).
-    leader_log: Path | None = None
-
-
-@dataclass(frozen=True)
-class AgentExit:
-    """What happened, as observed. At most one of the flags explains a failure."""
-
-    exit_code: int | None = None
-    timed_out: bool = False
-    cancelled: bool = False
-    launch_error: str | None = None
-    reported_error: str | None = None  # a terminal error signalled with exit status 0
-    # What the adapter recognised in the agent's own output (claude's result JSON, an
-    # HTTP status, codex's stderr): a failure class that overrides the generic one
-    # (agent_exit, contradictory_completion), and a one-line summary of the agent's
-    # own reason. Both are evidence the adapter observed; neither can raise a ceiling.
-    failure: FailureClass | None = None
-    summary: str | None = None
-    # rate_limited only: the wait the provider asked for (Retry-After), in seconds.
-    retry_after_s: float | None = None
-
-
-class Agent(Protocol):
-    """Runs one invocation to completion (or timeout, or cancellation)."""
-
-    def run(self, inv: Invocation) -> AgentExit:
-        """Run ``inv``'s agent and return the evidence it left; never raises for agent failures."""
-
+from runtime.agents.base import Agent
+from runtime.plan.profiles import CommandProfile, HttpProfile, PythonProfile, SimulatedProfile
 
 AnyProfile = CommandProfile | HttpProfile | PythonProfile | SimulatedProfile
 
@@ -83,19 +20,19 @@ def make_agent(profile: AnyProfile, *, secrets_env: Mapping[str, str] | None = N
     """Build the adapter for a profile frozen in the plan."""
     match profile:
         case CommandProfile():
-            from .command import CommandAgent
+            from runtime.agents.command import CommandAgent
 
             return CommandAgent(profile)
         case PythonProfile():
-            from .python import PythonAgent
+            from runtime.agents.python import PythonAgent
 
             return PythonAgent(profile)
         case SimulatedProfile():
-            from .simulated import SimulatedAgent
+            from runtime.agents.simulated import SimulatedAgent
 
             return SimulatedAgent(profile)
         case HttpProfile():
-            from .http import HttpAgent
+            from runtime.agents.http import HttpAgent
 
             return HttpAgent(profile)
     raise TypeError(f"no adapter for profile {profile!r}")  # pragma: no cover

@@ -36,10 +36,11 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ..capture import DEFAULT_HEAD, DEFAULT_TAIL
-from ..profiles import CommandProfile, SandboxSettings
-from . import AgentExit, Invocation, procs, sandbox
-from .recognise import kind_of, read_command
+from runtime.agents import procs, sandbox
+from runtime.agents.base import AgentExit, Invocation
+from runtime.agents.capture import DEFAULT_HEAD, DEFAULT_TAIL
+from runtime.agents.recognise import kind_of, read_command
+from runtime.plan.profiles import CommandProfile, SandboxSettings
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "TMPDIR", "TERM")
 KILL_GRACE_S = 2.0

@@ -44,11 +44,17 @@ from typing import Any
 
 import httpx
 
-from ..failures import FailureClass
-from ..profiles import HttpProfile
-from . import AgentExit, Invocation
-from .http_files import parse, show, write_blocks, write_inside
-from .http_wire import AttemptCancelled, BodyError, attempt_bounds, read_body, shared_transport
+from runtime.agents.base import AgentExit, Invocation
+from runtime.agents.http_files import parse, show, write_blocks, write_inside
+from runtime.agents.http_wire import (
+    AttemptCancelled,
+    BodyError,
+    attempt_bounds,
+    read_body,
+    shared_transport,
+)
+from runtime.failures import FailureClass
+from runtime.plan.profiles import HttpProfile
 
 OUTPUT_PROTOCOL = (
     "Write each required artifact as a fenced code block whose info string is "

@@ -21,7 +21,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..topology import check_relative_path
+from runtime.plan.topology import check_relative_path
 
 MAX_FILES = 256
 MAX_NAME_BYTES = 1024  # a whole path, UTF-8

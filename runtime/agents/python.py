@@ -15,8 +15,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from ..profiles import PythonProfile
-from . import AgentExit, Invocation
+from runtime.agents.base import AgentExit, Invocation
+from runtime.plan.profiles import PythonProfile
 
 
 def load_target(target: str) -> Callable[[Invocation], Any]:

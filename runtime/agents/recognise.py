@@ -34,8 +34,8 @@ from enum import StrEnum
 from pathlib import PurePath
 from typing import Any
 
-from ..capture import DEFAULT_HEAD, DEFAULT_TAIL, BoundedCapture
-from ..failures import FailureClass
+from runtime.agents.capture import DEFAULT_HEAD, DEFAULT_TAIL, BoundedCapture
+from runtime.failures import FailureClass
 
 
 class AgentKind(StrEnum):

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from ..errors import UsageError
+from runtime.errors import UsageError
 
 MOUNTS = PurePosixPath("/mnt")
 WORKSPACE = MOUNTS / "workspace"
@@ -76,7 +76,7 @@ def find_bubblewrap() -> Bubblewrap | None:
 
 def sandboxed_profiles(agents: Mapping[str, object], used: Iterable[str]) -> list[str]:
     """Which of the profiles a run will use are sandboxed ``command`` profiles."""
-    from ..profiles import CommandProfile
+    from runtime.plan.profiles import CommandProfile
 
     return sorted({name for name in used if isinstance(agents.get(name), CommandProfile)
                    and agents[name].sandbox is not False})  # type: ignore[attr-defined]

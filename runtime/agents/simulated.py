@@ -17,11 +17,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..assemble import PRIOR_FAILURE_CLOSE, PRIOR_FAILURE_OPEN
-from ..digest import blake3_hex
-from ..profiles import SimulatedMistake, SimulatedProfile
-from ..topology import ArtifactSpec
-from . import AgentExit, Invocation
+from runtime.agents.base import AgentExit, Invocation
+from runtime.digest import blake3_hex
+from runtime.plan.profiles import SimulatedMistake, SimulatedProfile
+from runtime.plan.topology import ArtifactSpec
+from runtime.prompt.assemble import PRIOR_FAILURE_CLOSE, PRIOR_FAILURE_OPEN
 
 
 def example_for(schema: dict[str, Any] | None) -> Any:

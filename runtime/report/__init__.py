@@ -1,0 +1,1 @@
+"""Reports and findings, read through ``run.read`` and rendered."""

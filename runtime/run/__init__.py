@@ -1,0 +1,1 @@
+"""Execution time: run directories, the ledger, scheduler, attempts and engines."""

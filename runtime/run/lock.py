@@ -1,0 +1,50 @@
+"""One writer per run and per batch: an exclusive ``flock`` held for the whole command.
+
+The lock file sits beside the run directory (``runs/.<id>.lock``), not inside it, so it
+exists before the run does and a sandboxed agent (which sees an empty artifacts root)
+cannot reach it. The kernel drops the lock when its holder dies, ``kill -9`` included,
+so a crashed run is never locked out of ``resume``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from runtime.errors import InUseError, UsageError
+
+
+def lock_path(directory: Path) -> Path:
+    """The lock file of a run or batch directory."""
+    return directory.with_name(f".{directory.name}.lock")
+
+
+@contextlib.contextmanager
+def hold(directory: Path, what: str) -> Iterator[None]:
+    """Hold ``directory``'s lock, or raise ``InUseError`` naming the live holder's pid."""
+    path = lock_path(directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:  # a link planted in its place, a read-only file system
+        raise UsageError(f"{path}: cannot open the lock of {what} ({exc.strerror}); "
+                         "it must be a regular file the runtime can write") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InUseError(what, _holder(fd)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock; the file stays (removing it would race)
+
+
+def _holder(fd: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.pread(fd, 32, 0).decode().strip() or "0") or None
+    return None

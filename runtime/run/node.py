@@ -1,0 +1,141 @@
+"""One node's attempts under its policy: a plain loop over ``policy.next_step``.
+
+Each turn asks the pure policy what comes next (an attempt on some profile after some
+wait, or a stop), checks the run-level ceilings the policy does not own (cancellation,
+deadline, the run's attempt budget), hands the attempt a frozen ``AttemptSpec`` and
+appends the ``AttemptRecord`` it returns. Ceilings come only from the plan and the run
+settings; nothing an agent prints or writes can raise them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from runtime.errors import FatalRunError
+from runtime.failures import FailureClass, NodeStatus
+from runtime.prompt.feedback import PriorFailure
+from runtime.run.attempt import FATAL_ERRNOS, Attempt
+from runtime.run.context import AttemptSpec, NodeOutcome, RunContext
+from runtime.run.policy import NodePolicy, Past, Run, Stop, StopReason, build_policy, next_step
+from runtime.run.state import AttemptRecord, NodeState
+
+STOP_STATUS = {StopReason.SUCCEEDED: NodeStatus.SUCCEEDED,
+               StopReason.CANCELLED: NodeStatus.PENDING}
+
+
+def policy_for(ctx: RunContext, node_id: str) -> NodePolicy:
+    """The node's policy under the run's settings."""
+    s = ctx.settings
+    return build_policy(ctx.manifest.nodes[node_id], s.overrides.get(node_id), agent=s.agent,
+                        no_fallback=s.no_fallback, skip_profiles=s.skip_profiles)
+
+
+class NodeExecutor:
+    """Runs the remaining attempts of one node, continuing from its ledger history."""
+
+    def __init__(self, ctx: RunContext, node_id: str, prior: NodeState) -> None:
+        self.ctx = ctx
+        self.node_id = node_id
+        self.policy = policy_for(ctx, node_id)
+        # Attempts of an earlier try (before `runtime retry`) keep their numbers but no
+        # longer count: the node starts with a fresh max_attempts.
+        self.history: list[AttemptRecord] = [a for a in prior.attempts if a.outcome is not None
+                                             and a.attempt >= prior.retry_from]
+        self._last_number = max((a.attempt for a in prior.attempts), default=0)
+
+    def run(self) -> NodeOutcome:
+        """Run attempts until the node's policy says stop, and return the node's outcome."""
+        while True:
+            step = next_step(self.policy, [_past(r) for r in self.history],
+                             next_number=self._last_number + 1)
+            if isinstance(step, Stop):
+                return self._outcome(step)
+            blocked = self._blocked(step)
+            if blocked is not None:
+                return self._outcome(blocked)
+            try:
+                number = self.ctx.layout.claim_attempt(self.node_id, step.number)
+            except OSError as exc:
+                if exc.errno in FATAL_ERRNOS:
+                    raise FatalRunError(self.ctx.layout.node_dir(self.node_id),
+                                        f"cannot create an attempt directory: {exc.strerror}"
+                                        ) from None
+                return NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
+                                   f"cannot create an attempt directory: {exc}",
+                                   len(self.history))
+            record = Attempt(self.ctx, self._spec(replace(step, number=number))).run()
+            self._last_number = record.attempt
+            self.history.append(record)
+
+    def _blocked(self, step: Run) -> Stop | None:
+        """The run-level ceilings: cancellation, the deadline, the attempt budget."""
+        if self.ctx.cancel.is_set():
+            return Stop(StopReason.CANCELLED, "cancelled")
+        deadline = self.ctx.settings.deadline_at
+        if step.wait_s > 0:
+            if deadline is not None and self.ctx.clock() + step.wait_s >= deadline:
+                return Stop(StopReason.DEADLINE, "run deadline passed", self._last_failure())
+            if self.ctx.cancel.wait(step.wait_s):  # a wait ends early on Ctrl-C
+                return Stop(StopReason.CANCELLED, "cancelled")
+        if deadline is not None and self.ctx.clock() >= deadline:
+            return Stop(StopReason.DEADLINE, "run deadline passed", self._last_failure())
+        if not self.ctx.budget.take():
+            return Stop(StopReason.BUDGET, f"run attempt budget exhausted "
+                        f"({self.ctx.budget.limit} attempts)", self._last_failure())
+        return None
+
+    def _spec(self, step: Run) -> AttemptSpec:
+        last = self.history[-1] if self.history else None
+        return AttemptSpec(
+            node_id=self.node_id, number=step.number, profile=step.profile,
+            trigger="retry" if last is not None else "initial",
+            prior_attempt=last.attempt if last is not None else None, policy=self.policy,
+            prior_failures=tuple(self._prior_failures()) if last is not None else (),
+            waited_s=step.wait_s if last is not None
+            and last.outcome is FailureClass.RATE_LIMITED else 0.0)
+
+    def _last_failure(self) -> FailureClass | None:
+        for rec in reversed(self.history):
+            if rec.outcome not in (None, "succeeded", FailureClass.LOST):
+                return FailureClass(rec.outcome)
+        return None
+
+    def _outcome(self, stop: Stop) -> NodeOutcome:
+        count = len(self.history)
+        status = STOP_STATUS.get(stop.reason, NodeStatus.FAILED)
+        if stop.reason in (StopReason.DEADLINE, StopReason.BUDGET) and not self.history:
+            return NodeOutcome(NodeStatus.SKIPPED, None, stop.detail, 0)  # never started
+        if status is NodeStatus.PENDING:
+            return NodeOutcome(status, FailureClass.CANCELLED, stop.detail, count)
+        if status is NodeStatus.SUCCEEDED:
+            return NodeOutcome(status, attempts=count,
+                               artifacts=dict(self.history[-1].artifacts))
+        return NodeOutcome(status, stop.failure, stop.detail, count)
+
+    def _prior_failures(self) -> list[PriorFailure]:
+        """Distinct prior failures, newest first, deduplicated by fingerprint.
+
+        All from the ledger (an agent can write attempt.json, never the ledger).
+        """
+        seen: set[str] = set()
+        out = []
+        for rec in reversed(self.history):
+            if rec.outcome in (None, "succeeded") or rec.fingerprint is None:
+                continue
+            if FailureClass(rec.outcome) in (FailureClass.LOST, FailureClass.CANCELLED):
+                continue
+            if rec.fingerprint in seen:
+                continue
+            seen.add(rec.fingerprint)
+            out.append(PriorFailure(
+                attempt=rec.attempt, failure_class=FailureClass(rec.outcome),
+                exit_code=rec.exit_code, unsatisfied=list(rec.unsatisfied), error=rec.error,
+                fingerprint=rec.fingerprint))
+        return out
+
+
+def _past(rec: AttemptRecord) -> Past:
+    outcome = None if rec.outcome == "succeeded" else FailureClass(str(rec.outcome))
+    return Past(attempt=rec.attempt, profile=rec.profile, outcome=outcome,
+                fingerprint=rec.fingerprint, retry_after_s=rec.retry_after_s,
+                waited_s=rec.waited_s)
