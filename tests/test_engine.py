@@ -456,3 +456,38 @@ def test_without_the_sandbox_a_missing_program_stays_a_launch_error(tmp_path: Pa
         site.stdout.close()
         site.stderr.close()
     assert exit_.launch_error == "no-such-agent-program: No such file or directory"
+
+
+def _tree(run_dir: Path) -> set[str]:
+    """Every path in a run directory but the time- and engine-specific records."""
+    skip = {"report.html", "state.json", "ledger.jsonl", "attempt.json", "leaders.jsonl"}
+    return {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.name not in skip}
+
+
+def test_the_shipped_batch_on_ray_matches_local(project: Project, ray_engine: RayEngine,
+                                                tmp_path: Path) -> None:
+    """The main job (the shipped topologies on the simulated agent) on --engine ray: the
+    same per-node outcomes, attempts and findings as locally, and the same files in every
+    run directory (a worker writes nothing there: the driver writes what comes back)."""
+    from runtime.cli import main
+
+    summaries = {}
+    for engine in ("local", "ray"):
+        art = tmp_path / engine
+        assert main(["batch", str(REPO / "topologies"), "--agent", "demo", "--artifacts",
+                     str(art), "--batch-id", "shipped", "--engine", engine]) == 0
+        summaries[engine] = json.loads(
+            (art / "batches" / "shipped" / "summary.json").read_text())
+    local, remote = summaries["local"], summaries["ray"]
+
+    def outcomes(summary: dict[str, Any]) -> dict[str, Any]:
+        return {e["source"]: (e["status"], e["findings"], {
+            n: (v["status"], v["attempts"], v["failure"]) for n, v in e["nodes"].items()})
+            for e in summary["entries"]}
+
+    assert outcomes(remote) == outcomes(local)
+    assert len(local["entries"]) == len(list((REPO / "topologies").glob("*.yaml")))
+    for lo, re in zip(local["entries"], remote["entries"], strict=True):
+        tree = _tree(tmp_path / "local" / lo["run_dir"])
+        assert "plan.json" in tree
+        assert _tree(tmp_path / "ray" / re["run_dir"]) == tree
