@@ -122,7 +122,7 @@ def worker_agent(profile: AnyProfile) -> Agent:
     (SIGKILL) so it dies with a worker that dies (a sandboxed one has it already: bwrap
     --die-with-parent, and its pid namespace takes the whole tree). The driver of a remote
     worker cannot clean up what a dead worker leaves (the local engine's resume does, from
-    agent.json).
+    leaders.jsonl).
     """
     from runtime.agents import make_agent
     from runtime.agents.command import CommandAgent
