@@ -1,13 +1,12 @@
-"""The append-only ledger (``ledger.jsonl``) and the run state folded from it.
+"""The durable, append-only store of ``ledger.jsonl``.
 
-One JSON object per line, each with ``schema_version``, a monotonically increasing
-``seq`` and an ``event`` tag (DESIGN section 7). A line is written with one
+The event schema lives in ``events.py`` and the fold in ``state.py``; this module only
+writes. Each event gets the next ``seq`` and a time stamp, and is written with one
 ``write(2)`` on an O_APPEND descriptor and made durable before ``append`` returns, so
 the runtime never acts on an event that a crash could lose; concurrent appenders share
 one sync (group commit). Appends use ``fdatasync``: it flushes the data and the file
 size, all a reader needs, and skips the timestamps (4x cheaper than ``fsync`` here).
-A torn last line, as a crash leaves it, is ignored on read.
-``state.json`` and ``runtime resume`` are both derived by ``fold``.
+A torn last line, as a crash leaves it, is cut when the ledger is next opened.
 """
 
 from __future__ import annotations
