@@ -491,3 +491,21 @@ def test_the_shipped_batch_on_ray_matches_local(project: Project, ray_engine: Ra
         tree = _tree(tmp_path / "local" / lo["run_dir"])
         assert "plan.json" in tree
         assert _tree(tmp_path / "ray" / re["run_dir"]) == tree
+
+
+def test_an_agent_on_ray_reads_its_attempt_context(project: Project,
+                                                   ray_engine: RayEngine) -> None:
+    """RUNTIME_ATTEMPT_CONTEXT on a worker names the attempt.json the driver wrote, not a
+    file that does not exist there."""
+    topo = make_topology({"a": []}, a={"max_attempts": 2})
+    script = ('cp "$RUNTIME_ATTEMPT_CONTEXT" ctx.json; '
+              '[ "$RUNTIME_ATTEMPT" = 2 ]')  # attempt 1 fails: attempt 2 has a prior failure
+    topo["agents"] = {"sh": {"kind": "command", "sandbox": False, "argv": ["sh", "-c", script]}}
+    topo["defaults"] = {"agent": "sh"}
+    topo["nodes"][0]["artifacts"] = [{"path": "ctx.json", "kind": "json"}]
+    result = run_topology(project, topo, run_id="ctx", hooks=Hooks(engine=ray_engine))
+    assert result.status is RunStatus.SUCCEEDED
+    ws = project.artifacts / "runs" / "ctx" / "nodes" / "a" / "workspace"
+    seen = json.loads((ws / "ctx.json").read_text())
+    assert (seen["node"], seen["attempt"], seen["engine"]) == ("a", 2, "ray")
+    assert [f["attempt"] for f in seen["prior_failures"]] == [1]

@@ -84,6 +84,7 @@ class Attempt:
         self._summary_hint: str | None = None
         self._retry_after: float | None = None
         self._where: AgentOutcome | None = None  # the engine's report: where it ran
+        self._context_bytes = b""
 
     def run(self) -> AttemptRecord:
         """Run the attempt and return the record it wrote.
@@ -188,6 +189,7 @@ class Attempt:
     def _write_context(self, ctx: AttemptContext) -> None:
         data = (ctx.model_dump_json(indent=2) + "\n").encode()
         if not self._started:  # the directory was just claimed: create in place
+            self._context_bytes = data  # what the agent reads; a remote engine ships it
             with contextlib.suppress(FileExistsError):  # (a failed first try: replace)
                 write_read_only(self.dir / "attempt.json", data)
                 return
@@ -218,7 +220,8 @@ class Attempt:
             max_attempts=self.spec.policy.ceiling, profile_name=self.spec.profile,
             profile=profile, prompt=prompt.encode(), inputs=self._inputs(ws),
             env_names=tuple(getattr(profile, "env", ())), timeout_s=timeout,
-            artifacts=tuple(self.node.artifacts))
+            artifacts=tuple(self.node.artifacts),
+            context=self._context_bytes if self.ctx.engine.name != LOCAL else b"")
         site = LocalSite(
             workspace=ws.absolute(), attempt_dir=self.dir.absolute(),
             prompt_file=(self.dir / "prompt.md").absolute(), env=self._env(ws),

@@ -62,6 +62,9 @@ class AgentRequest:
     env_names: tuple[str, ...]
     timeout_s: float
     artifacts: tuple[ArtifactSpec, ...]
+    # attempt.json as the driver wrote it at the start (RUNTIME_ATTEMPT_CONTEXT): a
+    # remote worker lays it out beside the prompt; the local engine's is already there.
+    context: bytes = b""
 
 
 @dataclass(frozen=True)

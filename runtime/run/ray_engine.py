@@ -87,12 +87,16 @@ def run_on_worker(request: AgentRequest) -> AgentOutcome:
             dst.chmod(0o444)
         prompt_file = attempt_dir / "prompt.md"
         prompt_file.write_bytes(request.prompt)
+        context_file = attempt_dir / "attempt.json"
+        context_file.write_bytes(request.context)
+        prompt_file.chmod(0o444)
+        context_file.chmod(0o444)
         env = {
             "RUNTIME_RUN_ID": request.run_id, "RUNTIME_NODE": request.node,
             "RUNTIME_ATTEMPT": str(request.attempt),
             "RUNTIME_MAX_ATTEMPTS": str(request.max_attempts),
             "RUNTIME_WORKSPACE": str(ws), "RUNTIME_PROMPT_FILE": str(prompt_file),
-            "RUNTIME_ATTEMPT_CONTEXT": str(attempt_dir / "attempt.json"),
+            "RUNTIME_ATTEMPT_CONTEXT": str(context_file),
         }
         stdout = BoundedCapture(attempt_dir / "stdout.log")
         stderr = BoundedCapture(attempt_dir / "stderr.log")
