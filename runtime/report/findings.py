@@ -43,7 +43,7 @@ from runtime.plan.topology import ArtifactSpec
 from runtime.prompt.redact import sanitize
 from runtime.run.contract import sarif_errors
 from runtime.run.read import load_run
-from runtime.run.state import NodeState
+from runtime.run.state import NodeState, RunState
 
 SARIF_VERSION = "2.1.0"
 SARIF_SCHEMA_URI = ("https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/"
@@ -193,9 +193,13 @@ def dag_order(manifest: Manifest) -> list[str]:
     return list(nx.lexicographical_topological_sort(manifest.dag()))
 
 
-def run_findings(run_dir: Path) -> Findings:
-    """Every accepted SARIF artifact of one run: one SARIF run per declaring node."""
-    manifest, state = load_run(run_dir)
+def run_findings(run_dir: Path, loaded: tuple[Manifest, RunState] | None = None) -> Findings:
+    """Every accepted SARIF artifact of one run: one SARIF run per declaring node.
+
+    ``loaded``: the run's manifest and folded state when the caller has them already
+    (the report does), so the ledger is not parsed again.
+    """
+    manifest, state = loaded if loaded is not None else load_run(run_dir)
     out = Findings()
     for nid in dag_order(manifest):
         specs = [a for a in manifest.nodes[nid].artifacts if a.kind == "sarif"]
