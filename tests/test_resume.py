@@ -138,14 +138,32 @@ def test_one_lost_attempt_is_retried_without_charge(tmp_path: Path) -> None:
                                                                      "succeeded"]
 
 
+def _gated(blocked: str, release: Path) -> dict[str, Any]:
+    """An agent profile that blocks node ``blocked`` (a marker file ``started`` in its
+    workspace says it runs) until ``release`` exists: a signal sent after the marker
+    appears always finds the agent running, however loaded the machine (no sleep window).
+    Unsandboxed, so the agent sees ``release`` under the test's tmp_path."""
+    script = (f'if [ "$RUNTIME_NODE" = {blocked} ]; then touch started; '
+              f'while [ ! -e {release} ]; do sleep 0.01; done; fi; '
+              'printf "{}" > "$RUNTIME_NODE.json"')
+    return {"kind": "command", "sandbox": False, "argv": ["sh", "-c", script]}
+
+
+def _wait_for_file(path: Path) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
 @pytest.mark.slow
 def test_sigkill_of_a_real_run_then_resume(tmp_path: Path) -> None:
     project = Project(tmp_path / "proj")
     project.root.mkdir()
     project.template("task.md.j2", "Task for {{ node.id }}.\n")
     topo = make_topology({"a": [], "b": ["a"], "c": ["b"]})
-    topo["agents"] = {"slow": {"kind": "command", "argv": [
-        "sh", "-c", 'sleep 0.4; printf "{}" > "$RUNTIME_NODE.json"']}}
+    release = tmp_path / "release"
+    topo["agents"] = {"slow": _gated("b", release)}
     topo["defaults"] = {"agent": "slow"}
     project.write_topology(topo)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -153,15 +171,12 @@ def test_sigkill_of_a_real_run_then_resume(tmp_path: Path) -> None:
                                                           "--run-id", "killed")]
     proc = subprocess.Popen(cmd, cwd=project.root, env=env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    ledger = project.artifacts / "runs" / "killed" / "ledger.jsonl"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:  # kill while node b's agent is running
-        if ledger.exists() and b'"node":"b"' in ledger.read_bytes():
-            break
-        time.sleep(0.02)
+    _wait_for_file(project.artifacts / "runs" / "killed" / "nodes" / "b" / "workspace"
+                   / "started")  # node b's agent runs, blocked: kill now
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
+    release.touch()
     resumed = subprocess.run(
         [sys.executable, "-m", "runtime", *project.cli("resume", "killed", "--json")],
         cwd=project.root, env=env, capture_output=True, text=True, check=False, timeout=60)
@@ -183,8 +198,8 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
     project.root.mkdir()
     project.template("task.md.j2", "Task for {{ node.id }}.\n")
     topo = make_topology({"a": [], "b": ["a"]})
-    topo["agents"] = {"slow": {"kind": "command", "argv": [
-        "sh", "-c", 'sleep 1; printf "{}" > "$RUNTIME_NODE.json"']}}
+    release = tmp_path / "release"
+    topo["agents"] = {"slow": _gated("a", release)}
     topo["defaults"] = {"agent": "slow"}
     project.write_topology(topo)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -194,11 +209,7 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
         cwd=project.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True)
     ledger = project.artifacts / "runs" / "int" / "ledger.jsonl"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if ledger.exists() and b'"attempt.started"' in ledger.read_bytes():
-            break
-        time.sleep(0.02)
+    _wait_for_file(project.artifacts / "runs" / "int" / "nodes" / "a" / "workspace" / "started")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130
@@ -209,6 +220,7 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
         [("a", FailureClass.CANCELLED)]
     assert events[-1].event == "run.finished"
     assert events[-1].status == "cancelled"
+    release.touch()
     result = resume_run(project.artifacts / "runs" / "int")
     assert result.status is RunStatus.SUCCEEDED
     a = result.state.nodes["a"]
