@@ -85,9 +85,8 @@ class BoundedCapture:
     def tail_text(self, limit: int) -> str:
         """Give the last ``limit`` bytes of output as text, never starting inside a line.
 
-        The last ``limit`` bytes of output as text, starting at a line boundary when the
-        capture or this cut split a line: a secret straddling a cut is never shown in part
-        (DESIGN section 6).
+        When the capture or this cut split a line, the text starts at the next line boundary:
+        a secret straddling a cut is never shown in part (DESIGN section 6).
         """
         with self._lock:
             data = bytes(self._head) + bytes(self._tail) if not self.dropped else bytes(

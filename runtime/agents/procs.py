@@ -177,8 +177,7 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
 def _has_children() -> bool:
     """Tell whether this process has any child, live or zombie, without reaping one.
 
-    Does this process have any child, live or zombie? (ECHILD means none.) Checked without
-    reaping anything (WNOWAIT), so no other waiter loses a status.
+    ECHILD means none; WNOWAIT leaves every status for its own waiter.
     """
     try:
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -295,8 +294,8 @@ def leftovers(procs: list[Proc], sessions: dict[int, int], *, me: int, my_sid: i
               carries: Callable[[int], bool]) -> list[Proc]:
     """Decide which of ``procs`` a crashed run left behind, refusing anything untrustworthy.
 
-    Which of ``procs`` a crashed run left behind (pure, so it is tested on made-up process
-    tables: a wrong answer here kills the host's processes).
+    Pure, so it is tested on made-up process tables: a wrong answer here kills the host's
+    processes.
 
     ``sessions`` maps recorded leader pids to their start times. The leaders log is
     agent-reachable when the agent runs unsandboxed, so a record is never trusted to

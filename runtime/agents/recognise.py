@@ -130,8 +130,7 @@ def strip_echo(text: str, prompt: str) -> str:
 def error_tail(capture: BoundedCapture, prompt: str, limit: int) -> str:
     """Give a capture's last ``limit`` bytes, measured after the prompt's echoed lines are removed.
 
-    The last ``limit`` bytes of a capture, as ``BoundedCapture.tail_text`` gives them, but
-    measured after the prompt's echoed lines are removed.
+    Cut as ``BoundedCapture.tail_text`` cuts (at a line boundary).
     """
     text = strip_echo(capture.tail_text(DEFAULT_HEAD + DEFAULT_TAIL), prompt)
     data = text.encode("utf-8")
@@ -212,8 +211,7 @@ _CODEX_OWN = re.compile(
 def _read_codex(exit_code: int | None, stderr: str) -> Reading:
     """Read a codex failure from its own error lines, newest first.
 
-    A failure (or the timeout it loops into) is read from its own error lines, newest first:
-    the first one naming a class wins.
+    The timeout it loops into is read the same way; the first line naming a class wins.
     """
     if exit_code == 0:
         return Reading()

@@ -258,8 +258,7 @@ class Attempt:
     def _inputs(self, ws: Path) -> tuple[InputFile, ...]:
         """Read the placed inputs with their digests, for an engine that runs elsewhere.
 
-        The placed inputs, as bytes with digests, for an engine that runs elsewhere (the
-        local engine reads them in place; they are read here only for others).
+        The local engine reads them in place: for it this returns nothing.
         """
         if self.ctx.engine.name == LOCAL:
             return ()

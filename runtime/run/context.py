@@ -64,8 +64,7 @@ class RunContext:
     def accepted_inputs(self, node_id: str) -> dict[str, dict[str, str]]:
         """Give each upstream's accepted artifacts and digests, as recorded when it succeeded.
 
-        Each upstream's accepted artifacts, as recorded when it succeeded (a run recorded
-        before digests existed: its declared paths, with no digest).
+        A run recorded before digests existed gives its declared paths, with no digest.
         """
         out = {}
         for up in self.manifest.nodes[node_id].needs:

@@ -301,8 +301,7 @@ def decide(manifest: Manifest, settings: RunSettings,
            checks: Mapping[str, ProfileCheck]) -> Decision:
     """Decide which profiles a run skips, where nodes start, and which nodes cannot start.
 
-    Which profiles a run skips, which nodes start on a fallback, and which nodes have no
-    profile left (problems: the run is refused).
+    Nodes with no profile left are problems: the run is refused.
     """
     skip = {n: c.describe() for n, c in checks.items() if not c.ok}
     moved: dict[str, str] = {}
@@ -472,8 +471,7 @@ def load_manifests(targets: Iterable[Path], prompts: Path,
                    variables: Mapping[str, str]) -> list[Manifest]:
     """Plan topology files, directories or plan directories into manifests, in memory.
 
-    Topology files, directories of ``*.yaml``, or plan directories, as manifests (planned in
-    memory: the doctor writes nothing).
+    Directories are searched for ``*.yaml``; the doctor writes nothing.
     """
     from runtime.plan.compile import plan_topology
     from runtime.plan.manifest import PROMPTS_DIR, read_manifest

@@ -70,8 +70,7 @@ def _ray() -> Any:
 def run_on_worker(request: AgentRequest) -> AgentOutcome:
     """The Ray task body: run one attempt's agent in a temporary directory and return its outcome.
 
-    The task body: lay the request out in a temporary directory, run the agent, hand back
-    what it left. Runs on a Ray worker (or anywhere: it needs nothing else).
+    It needs nothing from the driver's machine, so it runs on any worker (or anywhere).
     """
     started = time.time()
     with tempfile.TemporaryDirectory(prefix=f"runtime-{request.node}-") as tmp:
@@ -380,8 +379,7 @@ class RayEngine:
     def infeasible(self, profile: str, resources: Mapping[str, float]) -> str | None:
         """Why no live node can ever run a task asking for ``resources``, or None when one can.
 
-        Why no live node of the cluster can ever run a task asking for ``resources`` (and
-        the one CPU every attempt takes), or None when one can.
+        Every attempt also takes one CPU, which counts too.
         """
         wanted = {"CPU": 1.0, **resources}
         nodes = [n.get("Resources", {}) for n in self._ray.nodes() if n.get("Alive")]

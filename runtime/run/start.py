@@ -129,9 +129,8 @@ def _lay_out(layout: RunLayout, plan_dir: Path, manifest: Manifest, raw: bytes, 
             head: RunStarted, operator_prompt: str | None) -> None:
     """Stage the run directory with ``run.started`` recorded, then rename it into place.
 
-    Stage the run directory, its ledger already holding ``run.started``, and rename it into
-    place: a crash at any point leaves either a whole run that ``resume`` continues or no
-    run at all (a stale staging directory is removed by the next start).
+    A crash at any point leaves either a whole run that ``resume`` continues or no run at
+    all (a stale staging directory is removed by the next start).
     """
     tmp = layout.root.with_name(f".{layout.root.name}.tmp")
     if tmp.exists():  # a start that crashed; we hold the run's lock, so it is dead
@@ -168,8 +167,8 @@ def resume_run(run_dir: Path, *, redactor: Redactor | None = None,
                hooks: Hooks | None = None, deadline_at: float | None = None) -> RunResult:
     """Continue an interrupted run from its ledger.
 
-    Continue a run. ``deadline_at`` replaces the run's deadline from here on (the new value
-    is recorded in the resumed ``run.started``).
+    ``deadline_at`` replaces the run's deadline from here on (the new value is recorded in
+    the resumed ``run.started``).
     """
     with hold(run_dir, f"run {run_dir.name}"):
         return _continue(run_dir, redactor, hooks, deadline_at, None)
