@@ -460,6 +460,8 @@ def test_resume_spares_a_same_named_run_under_another_root(tmp_path: Path) -> No
     key, not its id."""
     mine, theirs = tmp_path / "a" / "runs" / "test-run", tmp_path / "b" / "runs" / "test-run"
     assert procs.run_key(mine) != procs.run_key(theirs)
+    (tmp_path / "link").symlink_to(tmp_path / "b")  # the same run, reached another way
+    assert procs.run_key(tmp_path / "link" / "runs" / "test-run") == procs.run_key(theirs)
     env = {**os.environ, "RUNTIME_RUN_ID": "test-run",
            "RUNTIME_RUN_KEY": procs.run_key(theirs)}
     other = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import json
 import logging
@@ -218,8 +219,12 @@ def _reap(pid: int, timeout: float = 5.0) -> None:
 # --- after a crash -----------------------------------------------------------------
 
 
+@functools.cache
 def boot_id() -> str:
-    """This boot's id, so that a leaders log from before a reboot names no live process."""
+    """This boot's id, so that a leaders log from before a reboot names no live process.
+
+    Read once: no process outlives a reboot, and every attempt's leader record needs it.
+    """
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
@@ -247,11 +252,12 @@ def record_leader(log_path: Path, pid: int, start: int, sandboxed: bool, *,  # n
 def run_key(run_dir: Path) -> str:
     """What marks a run's agents in their environment (``RUNTIME_RUN_KEY``).
 
-    Derived from the run directory's absolute path, so two runs with the same id under
+    Derived from the run directory's real path, so two runs with the same id under
     different artifact roots (two checkouts, two CI jobs on one host) never kill each
-    other's agents on resume.
+    other's agents on resume, while one run reached through a symlink or another working
+    directory keeps its key.
     """
-    return hashlib.blake2b(os.fsencode(os.path.abspath(run_dir)), digest_size=12).hexdigest()
+    return hashlib.blake2b(os.fsencode(os.path.realpath(run_dir)), digest_size=12).hexdigest()
 
 
 def kill_leftovers(records: Iterable[Path], key: str) -> int:
@@ -276,10 +282,9 @@ def kill_leftovers(records: Iterable[Path], key: str) -> int:
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
     marker = f"RUNTIME_RUN_KEY={key}".encode()
-    procs = table()
-    doomed = leftovers(procs, sessions, me=os.getpid(), my_sid=os.getsid(0),
-                       carries=lambda pid: _carries(pid, marker))
     me = os.getpid()
+    doomed = leftovers(table(), sessions, me=me, my_sid=os.getsid(0),
+                       carries=lambda pid: _carries(pid, marker))
     for p in doomed:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(p.pid, signal.SIGKILL)
