@@ -37,17 +37,20 @@ from runtime.run.records import RunSettings  # noqa: E402
 from runtime.run.start import Hooks, start_run  # noqa: E402
 
 
-def _plan(root: Path, nodes: int, resources: dict[str, float] | None = None) -> Path:
+def _plan(root: Path, nodes: int, resources: dict[str, float] | None = None,
+          sleep_s: float | None = None) -> Path:
+    """N independent nodes: each writes its JSON artifact, or (``sleep_s``) only sleeps."""
     (root / "prompts").mkdir(parents=True)
     (root / "prompts" / "t.md.j2").write_text("Task {{ node.id }}.\n")
+    sleeps = sleep_s is not None
+    argv = ["sleep", str(sleep_s)] if sleeps else [
+        "sh", "-c", 'printf "{}" > "$RUNTIME_NODE.json"']
     topo = {"schema_version": 1, "name": "bench",
-            "agents": {"sh": {"kind": "command", "sandbox": False, "argv": [
-                "sh", "-c", 'printf "{}" > "$RUNTIME_NODE.json"'],
-                **({"resources": resources} if resources else {})}},
-            "defaults": {"agent": "sh"},
-            "nodes": [{"id": f"n{i}", "prompt": "t.md.j2",
-                       "artifacts": [{"path": f"n{i}.json", "kind": "json"}]}
-                      for i in range(nodes)]}
+            "agents": {"sh": {"kind": "command", "sandbox": False, "argv": argv,
+                              **({"resources": resources} if resources else {})}},
+            "defaults": {"agent": "sh", "max_attempts": 1},
+            "nodes": [{"id": f"n{i}", "prompt": "t.md.j2", "artifacts": [] if sleeps else [
+                {"path": f"n{i}.json", "kind": "json"}]} for i in range(nodes)]}
     (root / "t.yaml").write_text(yaml.safe_dump(topo))
     return write_plan(plan_topology(root / "t.yaml", root / "prompts"), root / "artifacts")
 
@@ -60,18 +63,6 @@ def _per_attempt(plan: Path, root: Path, run_id: str, jobs: int, hooks: Hooks,
     elapsed = time.perf_counter() - started
     assert result.status == "succeeded", result.status
     return elapsed / nodes
-
-
-def _sleepers(root: Path, width: int, sleep_s: float) -> Path:
-    (root / "prompts").mkdir(parents=True)
-    (root / "prompts" / "t.md.j2").write_text("Task {{ node.id }}.\n")
-    topo = {"schema_version": 1, "name": "wide",
-            "agents": {"nap": {"kind": "command", "sandbox": False,
-                               "argv": ["sleep", str(sleep_s)]}},
-            "defaults": {"agent": "nap", "max_attempts": 1},
-            "nodes": [{"id": f"w{i:03d}", "prompt": "t.md.j2"} for i in range(width)]}
-    (root / "t.yaml").write_text(yaml.safe_dump(topo))
-    return write_plan(plan_topology(root / "t.yaml", root / "prompts"), root / "artifacts")
 
 
 def _makespan(width: int, sleep_s: float, tmp: Path) -> tuple[float, float]:
@@ -92,11 +83,8 @@ def _makespan(width: int, sleep_s: float, tmp: Path) -> tuple[float, float]:
         ray.init(address=cluster.address, log_to_driver=False)
         engine = RayEngine()
         for name, nodes in (("warm", slots), ("wide", width)):
-            plan = _sleepers(tmp / name, nodes, sleep_s)
-            result = start_run(plan, tmp / name / "artifacts", RunSettings(jobs=slots),
-                               run_id=name, redactor=Redactor.from_environment({}),
-                               hooks=Hooks(engine=engine), verified=True)
-            assert result.status == "succeeded", result.status
+            plan = _plan(tmp / name, nodes, sleep_s=sleep_s)
+            _per_attempt(plan, tmp / name, name, slots, Hooks(engine=engine), nodes)
         ray.shutdown()
     finally:
         cluster.shutdown()  # type: ignore[no-untyped-call]  # ray.cluster_utils is untyped
