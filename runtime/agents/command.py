@@ -28,23 +28,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import selectors
 import shutil
 import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.agents import procs, sandbox
 from runtime.agents.base import AgentExit, Invocation
 from runtime.agents.capture import DEFAULT_HEAD, DEFAULT_TAIL
 from runtime.agents.recognise import kind_of, read_command
+from runtime.agents.supervise import KILL_GRACE_S, Running, supervise
 from runtime.plan.profiles import CommandProfile, SandboxSettings
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "TMPDIR", "TERM")
-KILL_GRACE_S = 2.0
-POLL_S = 0.2
 READ_LIMIT = DEFAULT_HEAD + DEFAULT_TAIL  # all of stderr the capture kept
 # Past this, a cleanup reads every process rather than those with later pids (the pid
 # counter could have wrapped; pid_max can be as low as 32768).
@@ -118,6 +117,22 @@ class CommandAgent:
         A launch that cannot happen (a missing program, a sandbox that cannot be set up) is an
         ``AgentExit`` with ``launch_error`` set, not an exception: the attempt records it.
         """
+        started = self.start(inv)
+        if isinstance(started, AgentExit):
+            return started
+        try:
+            supervise(started.process)
+        finally:
+            started.end()  # a no-op unless supervision itself failed (Ctrl-C)
+            started.process.close()
+        return started.result()
+
+    def start(self, inv: Invocation) -> Started | AgentExit:
+        """Launch the agent and hand back its supervision; an ``AgentExit`` if it cannot start.
+
+        The caller supervises ``Started.process`` (alone with ``supervise``, or with others
+        in a ``Supervisor``) and then reads ``Started.result()``.
+        """
         launch = self.launch_argv(inv, agent_environment(self.profile.env, inv.env,
                                                          os.environ))
         if isinstance(launch, str):
@@ -139,7 +154,6 @@ class CommandAgent:
             procs.record_leader(inv.leader_log, proc.pid, leader.start,
                                 sandboxed=self.profile.sandbox is not False, node=inv.node,
                                 attempt=inv.attempt)
-        stdin_data = inv.prompt.encode() if proc.stdin is not None else None
         ended = False
 
         def end() -> None:  # at the leader's exit, and again (a no-op then) at the end
@@ -148,14 +162,10 @@ class CommandAgent:
                 ended = True
                 _end_attempt(proc, leader, time.monotonic() - started)
 
-        try:
-            code, timed_out, cancelled = _Supervisor(proc, inv, stdin_data, end).run()
-        finally:
-            end()
-        if not (timed_out or cancelled) and code == 1 and self.profile.sandbox is not False \
-                and (refused := _bwrap_refused(inv.stderr.head)) is not None:
-            return AgentExit(exit_code=code, launch_error=refused)
-        return self._result(inv, code, timed_out, cancelled)
+        process = Running(proc, timeout_s=inv.timeout_s, cancel=inv.cancel, stdout=inv.stdout,
+                          stderr=inv.stderr, on_exit=end,
+                          stdin_data=inv.prompt.encode() if proc.stdin is not None else None)
+        return Started(self, inv, process, end)
 
     def _result(self, inv: Invocation, code: int | None, timed_out: bool,
                 cancelled: bool) -> AgentExit:
@@ -185,6 +195,26 @@ class CommandAgent:
         if self.profile.result_json:
             return _json_result_error(inv.stdout.head)
         return None
+
+
+@dataclass(frozen=True)
+class Started:
+    """A launched command agent: its ``Running`` process, then the reading of its result."""
+
+    agent: CommandAgent
+    inv: Invocation
+    process: Running
+    end: Callable[[], None]
+
+    def result(self) -> AgentExit:
+        """The evidence, once ``process`` is done: nothing the agent started is left running."""
+        self.end()
+        p = self.process
+        if not (p.timed_out or p.cancelled) and p.code == 1 \
+                and self.agent.profile.sandbox is not False \
+                and (refused := _bwrap_refused(self.inv.stderr.head)) is not None:
+            return AgentExit(exit_code=p.code, launch_error=refused)
+        return self.agent._result(self.inv, p.code, p.timed_out, p.cancelled)
 
 
 def sandbox_spec(inv: Invocation, settings: SandboxSettings, program: str | None = None,
@@ -255,137 +285,3 @@ def _json_result_error(stdout: bytes) -> str | None:
     if result.get("error"):
         return f"agent result reports an error: {str(result['error'])[:2000]}"
     return None
-
-
-class _Supervisor:
-    """One thread per attempt does all of the child's I/O.
-
-    A selector over stdout, stderr, stdin and a pidfd. No pump threads, so no GIL hand-offs
-    between them, and the exit is seen the moment it happens (``Popen.wait(timeout)`` polls
-    with sleeps that grow to 50 ms, more than a short agent's whole run).
-    """
-
-    def __init__(self, proc: subprocess.Popen[bytes], inv: Invocation,
-                 stdin_data: bytes | None, on_exit: Callable[[], None]) -> None:
-        self.proc, self.inv, self.on_exit = proc, inv, on_exit
-        self.sel = selectors.DefaultSelector()
-        self.reading = 0
-        for stream, sink in ((proc.stdout, inv.stdout), (proc.stderr, inv.stderr)):
-            if stream is not None:
-                os.set_blocking(stream.fileno(), False)
-                self.sel.register(stream, selectors.EVENT_READ, sink)
-                self.reading += 1
-        self.pending = memoryview(stdin_data or b"")
-        if proc.stdin is not None:
-            os.set_blocking(proc.stdin.fileno(), False)
-            self.sel.register(proc.stdin, selectors.EVENT_WRITE, "stdin")
-        try:
-            self.pidfd = os.pidfd_open(proc.pid)
-            self.sel.register(self.pidfd, selectors.EVENT_READ, "exit")
-        except (AttributeError, OSError):
-            self.pidfd = -1
-        self.code: int | None = None
-
-    def run(self) -> tuple[int | None, bool, bool]:
-        deadline = time.monotonic() + self.inv.timeout_s
-        timed_out = cancelled = False
-        drain_until: float | None = None
-        try:
-            while self.reading or self.code is None:
-                now = time.monotonic()
-                if self.code is None and now >= deadline:
-                    timed_out, self.code = True, _kill_group(self.proc)
-                    self.on_exit()
-                elif self.code is None and self.inv.cancel.is_set():
-                    cancelled, self.code = True, _kill_group(self.proc)
-                    self.on_exit()
-                if self.code is not None:
-                    drain_until = drain_until or now + KILL_GRACE_S
-                    if now >= drain_until:
-                        break  # something outside the group holds the pipes open
-                wait = POLL_S if self.pidfd >= 0 or self.code is not None else 0.005
-                for key, _ in self.sel.select(timeout=min(wait, max(deadline - now, 0.001))):
-                    self._handle(key)
-                if self.pidfd < 0 and self.code is None and _exited(self.proc.pid):
-                    self._reap()
-        finally:
-            self._close()
-        return self.code, timed_out, cancelled
-
-    def _handle(self, key: selectors.SelectorKey) -> None:
-        if key.data == "exit":
-            self.sel.unregister(key.fileobj)
-            self._reap()
-        elif key.data == "stdin":
-            try:
-                sent = os.write(key.fd, self.pending[:65536])
-                self.pending = self.pending[sent:]
-            except BlockingIOError:
-                return
-            except OSError:
-                self.pending = memoryview(b"")  # the agent does not read stdin: its choice
-            if not self.pending:
-                self.sel.unregister(key.fileobj)
-                with contextlib.suppress(OSError):
-                    key.fileobj.close()  # type: ignore[union-attr]
-        else:
-            try:
-                data = os.read(key.fd, 65536)
-            except BlockingIOError:
-                return
-            if data:
-                key.data.write(data)
-            else:
-                self.sel.unregister(key.fileobj)
-                self.reading -= 1
-
-    def _reap(self) -> None:
-        """Kill what the exited leader left in its process group, then reap the leader.
-
-        The leader has exited but is not reaped yet, so its PID (the group id) cannot have
-        been reused: kill whatever it left in its group, then reap it.
-        """
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.code = self.proc.wait()
-        # Now, not after the drain: an orphan holding stdout open would hold the drain.
-        self.on_exit()
-
-    def _close(self) -> None:
-        self.sel.close()
-        if self.pidfd >= 0:
-            os.close(self.pidfd)
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                with contextlib.suppress(OSError):
-                    stream.close()
-
-
-def _exited(pid: int) -> bool:
-    """Has ``pid`` exited? Checked without reaping it (WNOWAIT)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> int | None:
-    for sig, grace in ((signal.SIGTERM, KILL_GRACE_S), (signal.SIGKILL, KILL_GRACE_S)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            proc.wait(timeout=grace)
-            if sig is signal.SIGTERM:
-                # The leader exited; make sure nothing else in its group survives.
-                os.killpg(proc.pid, signal.SIGKILL)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-        except ProcessLookupError:
-            break
-    try:
-        return proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        return None

@@ -16,9 +16,10 @@ import contextlib
 import errno
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from runtime.agents.base import AgentExit
 from runtime.agents.capture import BoundedCapture
@@ -61,6 +62,17 @@ def summarize(redactor: Redactor, hint: str | None, error: str) -> str:
     return redactor.clean(line, SUMMARY_LIMIT) if line else ""
 
 
+@dataclass(frozen=True)
+class Launch:
+    """A prepared attempt: the engine's request, and the driver's side of it."""
+
+    request: AgentRequest
+    site: LocalSite
+
+
+_T = TypeVar("_T")
+
+
 class _Failed(Exception):
     """An attempt ends early with a class (raised inside, caught in ``run``)."""
 
@@ -87,13 +99,42 @@ class Attempt:
         self._context_bytes = b""
 
     def run(self) -> AttemptRecord:
-        """Run the attempt and return the record it wrote.
+        """Run the attempt on the run's engine, blocking, and return the record it wrote.
 
         Only ``FatalRunError`` propagates (the run can no longer record anything); every other
         failure is recorded as this attempt's outcome.
         """
+        launch = self.prepare()
+        if isinstance(launch, AttemptRecord):
+            return launch
         try:
-            return self._run()
+            outcome: AgentOutcome | Exception = self.ctx.engine.run(launch.request, launch.site)
+        except FatalRunError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - an engine bug is this attempt's launch_error
+            outcome = exc
+        return self.complete(launch, outcome)
+
+    def prepare(self, *, sync: bool = True) -> Launch | AttemptRecord:
+        """Everything before the agent starts; the record instead when the attempt ends early.
+
+        Checks the plan prompt, resets the workspace, places the inputs, writes the prompt
+        and ``attempt.json`` and appends ``attempt.started`` (``sync=False``: the caller
+        calls ``ledger.sync()`` before it starts the agent).
+        """
+        return self._guard(lambda: self._prepare(sync))
+
+    def complete(self, launch: Launch, outcome: AgentOutcome | Exception) -> AttemptRecord:
+        """Everything after the agent: classify, verify the artifacts, record the attempt.
+
+        ``outcome`` is what the engine observed, or the exception it raised (recorded as
+        this attempt's ``launch_error``).
+        """
+        return self._guard(lambda: self._complete(launch, outcome))
+
+    def _guard(self, step: Callable[[], _T]) -> _T | AttemptRecord:
+        try:
+            return step()
         except FatalRunError:
             raise
         except _Failed as failed:
@@ -115,7 +156,7 @@ class Attempt:
             self._start(prompt_digest=self._prompt_digest or "0" * 64, preamble=None)
         return self._finish(failure, None, error, AcceptanceSummary(), 0, 0, {})
 
-    def _run(self) -> AttemptRecord:
+    def _prepare(self, sync: bool) -> Launch:
         layout, spec = self.ctx.layout, self.spec
         plan_bytes = self._plan_prompt()
         layout.reset_workspace(spec.node_id)
@@ -137,9 +178,9 @@ class Attempt:
             preamble=preamble)
         prompt_bytes = prompt.encode()
         write_read_only(self.dir / "prompt.md", prompt_bytes)
-        self._start(prompt_digest=blake3_hex(prompt_bytes), preamble=preamble)
+        self._start(prompt_digest=blake3_hex(prompt_bytes), preamble=preamble, sync=sync)
         self._prompt_text = prompt
-        return self._invoke(prompt)
+        return self._launch(prompt_bytes)
 
     def _plan_prompt(self) -> bytes:
         """The plan's prompt, read once without following links, hashed and used."""
@@ -195,7 +236,7 @@ class Attempt:
                 return
         replace_atomically(self.dir / "attempt.json", data)
 
-    def _start(self, *, prompt_digest: str, preamble: str | None) -> None:
+    def _start(self, *, prompt_digest: str, preamble: str | None, sync: bool = True) -> None:
         self._prompt_digest = prompt_digest
         self._preamble_digest = blake3_hex(preamble.encode()) if preamble else None
         self._write_context(self._context())
@@ -204,12 +245,10 @@ class Attempt:
             node=spec.node_id, attempt=spec.number, profile=spec.profile,
             trigger=spec.trigger, prior_attempt=spec.prior_attempt,
             prompt_digest=prompt_digest, preamble_digest=self._preamble_digest,
-            waited_s=spec.waited_s))
+            waited_s=spec.waited_s), sync=sync)
         self._started = True
 
-    def _invoke(self, prompt: str) -> AttemptRecord:
-        stdout = BoundedCapture(self.dir / "stdout.log")
-        stderr = BoundedCapture(self.dir / "stderr.log")
+    def _launch(self, prompt: bytes) -> Launch:
         ws = self.ctx.layout.workspace(self.spec.node_id)
         timeout = self.spec.policy.timeout_s
         if self.ctx.settings.deadline_at is not None:
@@ -218,27 +257,35 @@ class Attempt:
         request = AgentRequest(
             run_id=self.ctx.run_id, node=self.spec.node_id, attempt=self.spec.number,
             max_attempts=self.spec.policy.ceiling, profile_name=self.spec.profile,
-            profile=profile, prompt=prompt.encode(), inputs=self._inputs(ws),
+            profile=profile, prompt=prompt, inputs=self._inputs(ws),
             env_names=tuple(getattr(profile, "env", ())), timeout_s=timeout,
             artifacts=tuple(self.node.artifacts),
             context=self._context_bytes if self.ctx.engine.name != LOCAL else b"")
         site = LocalSite(
             workspace=ws.absolute(), attempt_dir=self.dir.absolute(),
             prompt_file=(self.dir / "prompt.md").absolute(), env=self._env(ws),
-            stdout=stdout, stderr=stderr, cancel=self.ctx.cancel,
+            stdout=BoundedCapture(self.dir / "stdout.log"),
+            stderr=BoundedCapture(self.dir / "stderr.log"), cancel=self.ctx.cancel,
             leader_log=self.ctx.layout.leaders.absolute())
+        return Launch(request, site)
+
+    def _complete(self, launch: Launch, result: AgentOutcome | Exception) -> AttemptRecord:
+        site = launch.site
         try:
-            outcome = self.ctx.engine.run(request, site)
-            deliver(outcome, site)
+            if isinstance(result, Exception):
+                raise result
+            deliver(result, site)
         finally:
-            stdout.close()
-            stderr.close()
+            site.stdout.close()
+            site.stderr.close()
+        outcome = result
         self._where = outcome
         exit_ = outcome.exit
         if outcome.lost is not None:
             return self._finish(FailureClass.LOST, None, outcome.lost, AcceptanceSummary(),
                                 outcome.stdout_total, outcome.stderr_total, {})
-        failure, error = self._classify(exit_, stderr, timeout)
+        ws = site.workspace
+        failure, error = self._classify(exit_, site.stderr, launch.request.timeout_s)
         self._summary_hint, self._retry_after = exit_.summary, exit_.retry_after_s
         acceptance = AcceptanceSummary()
         digests: dict[str, str] = {}

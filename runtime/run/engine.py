@@ -30,10 +30,13 @@ from typing import Protocol
 from runtime.agents import AnyProfile, make_agent
 from runtime.agents.base import AgentExit, Invocation
 from runtime.agents.capture import BoundedCapture
+from runtime.agents.command import CommandAgent, Started
 from runtime.files import UnsafeFileError, open_no_follow
+from runtime.plan.profiles import CommandProfile
 from runtime.plan.topology import ArtifactSpec
 
 LOCAL = "local"
+_HOST = socket.gethostname()  # a syscall per attempt otherwise
 
 
 @dataclass(frozen=True)
@@ -132,21 +135,50 @@ def invocation(request: AgentRequest, *, prompt_file: Path, workspace: Path,  # 
 
 
 class LocalEngine:
-    """The agent runs in this process, on the driver's workspace and captures."""
+    """The agent runs in this process, on the driver's workspace and captures.
+
+    A command agent can also be started without blocking (``start``), for a caller that
+    supervises all its agents' processes in one ``Supervisor`` loop; ``outcome`` then reads
+    it once its process is done.
+    """
 
     name = LOCAL
 
     def run(self, request: AgentRequest, site: LocalSite) -> AgentOutcome:
         """Run the agent in this process, in place in the attempt's workspace."""
         started = time.time()
-        inv = invocation(request, prompt_file=site.prompt_file, workspace=site.workspace,
-                         attempt_dir=site.attempt_dir, env=site.env, stdout=site.stdout,
-                         stderr=site.stderr, cancel=site.cancel, leader_log=site.leader_log)
-        exit_ = make_agent(request.profile).run(inv)
-        return AgentOutcome(exit=exit_, engine=self.name, host=socket.gethostname(),
-                            worker=f"pid {os.getpid()}", started_at=started,
-                            finished_at=time.time(), stdout_total=site.stdout.total,
-                            stderr_total=site.stderr.total)
+        exit_ = make_agent(request.profile).run(_local_invocation(request, site))
+        return self._outcome(exit_, site, started)
+
+    def start(self, request: AgentRequest, site: LocalSite,
+              ) -> tuple[Started, float] | AgentOutcome | None:
+        """Launch a command agent and hand back its process (and when it started).
+
+        An ``AgentOutcome`` when it could not be launched; None for an agent kind that
+        only runs blocking (http, python, simulated): ``run`` it on a thread instead.
+        """
+        if not isinstance(request.profile, CommandProfile):
+            return None
+        started = time.time()
+        launched = CommandAgent(request.profile).start(_local_invocation(request, site))
+        if isinstance(launched, AgentExit):
+            return self._outcome(launched, site, started)
+        return launched, started
+
+    def outcome(self, launched: tuple[Started, float], site: LocalSite) -> AgentOutcome:
+        """What ``start``'s agent did, once its process is done."""
+        return self._outcome(launched[0].result(), site, launched[1])
+
+    def _outcome(self, exit_: AgentExit, site: LocalSite, started: float) -> AgentOutcome:
+        return AgentOutcome(exit=exit_, engine=self.name, host=_HOST, worker=f"pid {os.getpid()}",
+                            started_at=started, finished_at=time.time(),
+                            stdout_total=site.stdout.total, stderr_total=site.stderr.total)
+
+
+def _local_invocation(request: AgentRequest, site: LocalSite) -> Invocation:
+    return invocation(request, prompt_file=site.prompt_file, workspace=site.workspace,
+                      attempt_dir=site.attempt_dir, env=site.env, stdout=site.stdout,
+                      stderr=site.stderr, cancel=site.cancel, leader_log=site.leader_log)
 
 
 def deliver(outcome: AgentOutcome, site: LocalSite) -> None:

@@ -48,10 +48,9 @@ class Ledger:
     def append(self, event: Event, *, sync: bool = True) -> Event:
         """Assign ``seq``, write the line, fsync it; return the event as written.
 
-        ``sync=False`` leaves the fsync to the next synced append. Only for an event the
-        runtime never acts on by itself: ``attempt.finished`` is always followed by a
-        synced ``attempt.started``, ``node.succeeded`` or ``node.failed`` before anything
-        happens because of it, and if a crash loses it the attempt folds as ``lost``.
+        ``sync=False`` leaves the fsync to the next synced append or ``sync``: the caller
+        must not act on the event (start an agent, start a dependent) before then. If a
+        crash loses an unsynced ``attempt.finished``, the attempt folds as ``lost``.
         """
         with self._lock:
             stamped = event.model_copy(update={"seq": self._next_seq, "ts": self._clock()})
@@ -60,10 +59,25 @@ class Ledger:
             self.events.append(stamped)
             self._written += 1
             mine = self._written
-        if not sync:
-            return self._notify(stamped)
+        if sync:
+            self._sync(mine)
+        return self._notify(stamped)
+
+    def sync(self) -> None:
+        """Make every append so far durable, with one ``fdatasync`` for all of them.
+
+        A caller that appends several events before acting on any (the scheduler records a
+        round of attempt.started and node.succeeded events, then starts agents) appends them
+        with ``sync=False`` and calls this once before it acts.
+        """
+        with self._lock:
+            mine = self._written
+        self._sync(mine)
+
+    def _sync(self, mine: int) -> None:
+        """Sync unless another appender's sync already covered append number ``mine``."""
         with self._sync_lock:
-            if self._synced < mine:  # another appender's sync may already cover us
+            if self._synced < mine:
                 target = self._written
                 try:
                     os.fdatasync(self._fd)
@@ -71,7 +85,6 @@ class Ledger:
                     raise FatalRunError(self.path, f"cannot make the ledger durable: "
                                         f"{exc.strerror or exc}") from None
                 self._synced = target
-        return self._notify(stamped)
 
     def _write_line(self, line: bytes) -> None:
         """Write one whole line or nothing.

@@ -9,7 +9,7 @@ settings; nothing an agent prints or writes can raise them.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from runtime.errors import FatalRunError
 from runtime.failures import FailureClass, NodeStatus
@@ -18,6 +18,14 @@ from runtime.run.attempt import FATAL_ERRNOS, Attempt
 from runtime.run.context import AttemptSpec, NodeOutcome, RunContext
 from runtime.run.policy import NodePolicy, Past, Run, Stop, StopReason, build_policy, next_step
 from runtime.run.state import AttemptRecord, NodeState
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait this long (a backoff, a provider's Retry-After) before asking for the next step."""
+
+    seconds: float
+
 
 STOP_STATUS = {StopReason.SUCCEEDED: NodeStatus.SUCCEEDED,
                StopReason.CANCELLED: NodeStatus.PENDING}
@@ -42,41 +50,68 @@ class NodeExecutor:
         self.history: list[AttemptRecord] = [a for a in prior.attempts if a.outcome is not None
                                              and a.attempt >= prior.retry_from]
         self._last_number = max((a.attempt for a in prior.attempts), default=0)
+        self._waited_for: int | None = None  # the attempt number whose wait was served
 
     def run(self) -> NodeOutcome:
-        """Run attempts until the node's policy says stop, and return the node's outcome."""
-        while True:
-            step = next_step(self.policy, [_past(r) for r in self.history],
-                             next_number=self._last_number + 1)
-            if isinstance(step, Stop):
-                return self._outcome(step)
-            blocked = self._blocked(step)
-            if blocked is not None:
-                return self._outcome(blocked)
-            try:
-                number = self.ctx.layout.claim_attempt(self.node_id, step.number)
-            except OSError as exc:
-                if exc.errno in FATAL_ERRNOS:
-                    raise FatalRunError(self.ctx.layout.node_dir(self.node_id),
-                                        f"cannot create an attempt directory: {exc.strerror}"
-                                        ) from None
-                return NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
-                                   f"cannot create an attempt directory: {exc}",
-                                   len(self.history))
-            record = Attempt(self.ctx, self._spec(replace(step, number=number))).run()
-            self._last_number = record.attempt
-            self.history.append(record)
+        """Run attempts until the node's policy says stop, and return the node's outcome.
 
-    def _blocked(self, step: Run) -> Stop | None:
-        """The run-level ceilings: cancellation, the deadline, the attempt budget."""
+        The blocking form of ``next_action``/``record``: waits sleep on the cancel event,
+        attempts run on the run's engine in this thread.
+        """
+        while True:
+            action = self.next_action()
+            if isinstance(action, NodeOutcome):
+                return action
+            if isinstance(action, Wait):
+                self.ctx.cancel.wait(action.seconds)  # a wait ends early on Ctrl-C
+                continue
+            self.record(Attempt(self.ctx, action).run())
+
+    def next_action(self) -> AttemptSpec | Wait | NodeOutcome:
+        """What comes next: an attempt to run, a wait before one, or the node's outcome.
+
+        Never blocks. After a ``Wait`` (served in full, or cut short by a cancellation)
+        ask again; after an attempt, ``record`` its record and ask again.
+        """
+        step = next_step(self.policy, [_past(r) for r in self.history],
+                         next_number=self._last_number + 1)
+        if isinstance(step, Stop):
+            return self._outcome(step)
+        blocked = self._blocked(step)
+        if isinstance(blocked, Wait):
+            return blocked
+        if blocked is not None:
+            return self._outcome(blocked)
+        try:
+            number = self.ctx.layout.claim_attempt(self.node_id, step.number)
+        except OSError as exc:
+            if exc.errno in FATAL_ERRNOS:
+                raise FatalRunError(self.ctx.layout.node_dir(self.node_id),
+                                    f"cannot create an attempt directory: {exc.strerror}"
+                                    ) from None
+            return NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
+                               f"cannot create an attempt directory: {exc}", len(self.history))
+        return self._spec(replace(step, number=number))
+
+    def record(self, record: AttemptRecord) -> None:
+        """Add a finished attempt to the node's history."""
+        self._last_number = record.attempt
+        self.history.append(record)
+
+    def _blocked(self, step: Run) -> Stop | Wait | None:
+        """The run-level ceilings: cancellation, the deadline, the attempt budget.
+
+        A step with a wait gives a ``Wait`` the first time it is asked for; the budget is
+        spent only when the attempt is about to start.
+        """
         if self.ctx.cancel.is_set():
             return Stop(StopReason.CANCELLED, "cancelled")
         deadline = self.ctx.settings.deadline_at
-        if step.wait_s > 0:
+        if step.wait_s > 0 and self._waited_for != step.number:
             if deadline is not None and self.ctx.clock() + step.wait_s >= deadline:
                 return Stop(StopReason.DEADLINE, "run deadline passed", self._last_failure())
-            if self.ctx.cancel.wait(step.wait_s):  # a wait ends early on Ctrl-C
-                return Stop(StopReason.CANCELLED, "cancelled")
+            self._waited_for = step.number
+            return Wait(step.wait_s)
         if deadline is not None and self.ctx.clock() >= deadline:
             return Stop(StopReason.DEADLINE, "run deadline passed", self._last_failure())
         if not self.ctx.budget.take():

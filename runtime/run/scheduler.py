@@ -1,32 +1,69 @@
 """The DAG: readiness, bounded concurrency, skip propagation, cancellation.
 
-Ready nodes (every upstream succeeded) go to up to ``jobs`` worker threads, in a
-deterministic order. A failed node's descendants are skipped at once, naming the failed
-ancestor; independent branches keep running. Ctrl-C (or SIGTERM, via the cancel event)
-stops launching, terminates running agents, records their attempts ``cancelled`` and
-leaves the run resumable.
+One thread runs the run: ready nodes (every upstream succeeded) become active, up to
+``jobs`` at a time, in a deterministic order; each active node is a ``NodeExecutor`` asked
+for its next action (an attempt, a wait, its outcome). Attempts are prepared and recorded
+on this thread, and their agents' processes are supervised by one ``Supervisor`` selector
+loop (pidfds and pipes), not by a thread each. Agents that only run blocking (http,
+python, simulated) or on a remote engine (Ray) run on a pool of ``jobs`` threads that
+hand their outcome back to the loop. Each round's ledger events are made durable with
+one sync before any of the round's agents starts.
+
+A failed node's descendants are skipped at once, naming the failed ancestor; independent
+branches keep running. Ctrl-C (or SIGTERM, via the cancel event) stops launching,
+terminates running agents, records their attempts ``cancelled`` and leaves the run
+resumable.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
+import queue
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import networkx as nx
 
+from runtime.agents.command import Started
+from runtime.agents.supervise import POLL_S, Running, Supervisor
 from runtime.errors import FatalRunError
 from runtime.failures import FailureClass, NodeStatus, RunStatus
-from runtime.run.context import NodeOutcome, RunContext
+from runtime.run.attempt import Attempt, Launch
+from runtime.run.context import AttemptSpec, NodeOutcome, RunContext
+from runtime.run.engine import AgentOutcome, LocalEngine
 from runtime.run.events import NodeFailed, NodeSkipped, NodeSucceeded, RunFinished
-from runtime.run.node import NodeExecutor
-from runtime.run.state import Folder, RunState
+from runtime.run.node import NodeExecutor, Wait
+from runtime.run.state import AttemptRecord, Folder, RunState
 from runtime.run.state import write_state as _write_state
 
 log = logging.getLogger(__name__)
 
 STATE_INTERVAL_S = 1.0  # state.json is a derived view, refreshed incrementally
+
+
+@dataclass
+class _Active:
+    """A node between its start and its outcome: waiting, or with an attempt in flight."""
+
+    executor: NodeExecutor
+    flight: tuple[Attempt, Launch] | None = None  # the attempt whose agent is running
+    wake_at: float | None = None  # time.monotonic() at which its wait ends
+
+
+def _thread_result(fut: Future[AgentOutcome]) -> AgentOutcome | Exception:
+    """An engine thread's outcome, or the exception it raised (the attempt's launch_error).
+
+    A ``FatalRunError`` is raised: the run cannot go on.
+    """
+    exc = fut.exception()
+    if exc is None:
+        return fut.result()
+    if isinstance(exc, FatalRunError) or not isinstance(exc, Exception):
+        raise exc
+    return exc
 
 
 class Scheduler:
@@ -55,6 +92,11 @@ class Scheduler:
         ctx.accepted.update({n: s.artifacts for n, s in state.nodes.items()
                              if s.status is NodeStatus.SUCCEEDED})
         self._fatal: FatalRunError | None = None
+        self._active: dict[str, _Active] = {}
+        self._launches: list[str] = []  # prepared this round, started after the sync
+        self._processes: dict[Running, tuple[str, tuple[Started, float], Launch]] = {}
+        self._threads_done: queue.SimpleQueue[tuple[str, Future[AgentOutcome]]] = \
+            queue.SimpleQueue()
 
     def _ready(self) -> list[str]:
         return [n for n in self.ready if self.status[n] is NodeStatus.PENDING]
@@ -71,7 +113,7 @@ class Scheduler:
             if nid in below and not self.status[nid].is_terminal():
                 self.status[nid] = NodeStatus.SKIPPED
                 self.ctx.ledger.append(NodeSkipped(node=nid, failed_ancestor=failed,
-                                                   reason=reason))
+                                                   reason=reason), sync=False)
 
     def _skip_blocked_at_start(self) -> None:
         """On resume, pending nodes below an already failed or skipped node are skipped."""
@@ -82,51 +124,156 @@ class Scheduler:
     def run(self) -> RunStatus:
         """Run every node that can run, skip those that cannot, and return the run's status."""
         self._skip_blocked_at_start()
-        running: dict[Future[NodeOutcome], str] = {}
-        with ThreadPoolExecutor(max_workers=self.ctx.settings.jobs,
-                                thread_name_prefix="node") as pool:
+        with Supervisor() as self._sup, ThreadPoolExecutor(
+                max_workers=self.ctx.settings.jobs, thread_name_prefix="agent") as self._pool:
             while True:
-                self._launch(pool, running)
-                if not running:
+                self._fill()
+                self._start_launches()
+                if not self._active:
+                    if self._ready() and not self.ctx.cancel.is_set():
+                        continue  # nodes settled without an agent released others
                     break
                 try:
-                    done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+                    done = self._sup.poll(self._next_wake())
                 except KeyboardInterrupt:
                     log.warning("interrupted: stopping agents; the run stays resumable")
                     self.ctx.cancel.set()
                     continue
-                finished = [(running.pop(fut), self._result(fut)) for fut in done]
-                # Free workers take nodes that were already ready before the finished ones
-                # are settled: node.succeeded must be durable before a *dependent* starts,
-                # not before unrelated work does, and its fsync need not idle a worker.
-                self._launch(pool, running)
-                for nid, outcome in finished:
-                    if outcome is not None:
-                        self._settle(nid, outcome)
+                for process in done:
+                    nid, launched, launch = self._processes.pop(process)
+                    self._complete(nid, self._local_outcome(launched, launch))
+                while not self._threads_done.empty():
+                    nid, fut = self._threads_done.get()
+                    self._complete(nid, _thread_result(fut))
+                self._end_waits()
                 self._maybe_write_state()
         if self._fatal is not None:
             self._finish_after_fatal()
             raise self._fatal
         return self._finish()
 
-    def _result(self, fut: Future[NodeOutcome]) -> NodeOutcome | None:
-        """A node's outcome, or None after a fatal error stopped the run.
+    def _fill(self) -> None:
+        """Start ready nodes while fewer than ``jobs`` are active (none after a cancel)."""
+        while not self.ctx.cancel.is_set() and len(self._active) < self.ctx.settings.jobs:
+            ready = self._ready()
+            if not ready:
+                return
+            nid = ready[0]
+            self.ready.remove(nid)
+            self.status[nid] = NodeStatus.RUNNING
+            self._active[nid] = _Active(NodeExecutor(self.ctx, nid, self.history[nid]))
+            self._advance(nid)
 
-        A fatal error (the run cannot record anything) stops the run: every agent is
-        cancelled, and the node stays resumable. Any other exception is a bug that stays at
-        its node: recorded as a launch_error, the rest goes on.
+    def _advance(self, nid: str) -> None:
+        """Ask the node what comes next, until it waits, has an attempt to start, or ends."""
+        act = self._active[nid]
+        while True:
+            try:
+                action = act.executor.next_action()
+                if isinstance(action, AttemptSpec):
+                    attempt = Attempt(self.ctx, action)
+                    launch = attempt.prepare(sync=False)  # synced with the round, below
+            except FatalRunError as exc:
+                self._stop_fatal(nid, exc)
+                return
+            except Exception as exc:  # a bug stays at its node: the rest goes on
+                log.exception("node executor failed")
+                action = NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
+                                     f"runtime error: {type(exc).__name__}: {exc}")
+            if isinstance(action, NodeOutcome):
+                del self._active[nid]
+                self._settle(nid, action)
+                return
+            if isinstance(action, Wait):
+                act.wake_at = time.monotonic() + action.seconds
+                return
+            if isinstance(launch, AttemptRecord):  # ended before its agent started
+                act.executor.record(launch)
+                continue
+            act.flight = (attempt, launch)
+            self._launches.append(nid)
+            return
+
+    def _start_launches(self) -> None:
+        """Make this round's events durable with one sync, then start the prepared agents.
+
+        Every attempt.started, and every node.succeeded a dependent relies on, is on disk
+        before any agent of the round starts.
         """
+        while self._launches:
+            try:
+                self.ctx.ledger.sync()
+            except FatalRunError as exc:
+                for nid in self._launches:
+                    self._stop_fatal(nid, exc)
+                self._launches.clear()
+                return
+            batch, self._launches = self._launches, []
+            for nid in batch:
+                flight = self._active[nid].flight
+                if flight is not None:
+                    self._start_agent(nid, flight[1])
+
+    def _start_agent(self, nid: str, launch: Launch) -> None:
+        engine = self.ctx.engine
+        started = engine.start(launch.request, launch.site) \
+            if isinstance(engine, LocalEngine) else None
+        if started is None:  # an agent that blocks (or a remote engine): on a thread
+            fut = self._pool.submit(engine.run, launch.request, launch.site)
+            fut.add_done_callback(functools.partial(self._thread_done, nid))
+        elif isinstance(started, AgentOutcome):  # it could not be launched
+            self._complete(nid, started)
+        else:
+            self._processes[started[0].process] = (nid, started, launch)
+            self._sup.add(started[0].process)
+
+    def _thread_done(self, nid: str, fut: Future[AgentOutcome]) -> None:
+        """Called on the engine's thread: hand the outcome to the loop and wake it."""
+        self._threads_done.put((nid, fut))
+        self._sup.wake()
+
+    @staticmethod
+    def _local_outcome(launched: tuple[Started, float], launch: Launch,
+                       ) -> AgentOutcome | Exception:
         try:
-            return fut.result()
+            return LocalEngine().outcome(launched, launch.site)
+        except Exception as exc:  # noqa: BLE001 - recorded as the attempt's launch_error
+            return exc
+
+    def _complete(self, nid: str, outcome: AgentOutcome | Exception) -> None:
+        """Record a finished agent's attempt and move its node on."""
+        act = self._active[nid]
+        if act.flight is None:
+            return  # not in flight (cannot happen: every outcome belongs to a flight)
+        attempt, launch = act.flight
+        act.flight = None
+        try:
+            record = attempt.complete(launch, outcome)
         except FatalRunError as exc:
-            log.error("%s", exc)
-            self._fatal = self._fatal or exc
-            self.ctx.cancel.set()
-            return None
-        except Exception as exc:
-            log.exception("node executor failed")
-            return NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
-                               f"runtime error: {type(exc).__name__}: {exc}")
+            self._stop_fatal(nid, exc)
+            return
+        act.executor.record(record)
+        self._advance(nid)
+
+    def _end_waits(self) -> None:
+        now, cancelled = time.monotonic(), self.ctx.cancel.is_set()
+        for nid in [n for n, a in self._active.items()
+                    if a.wake_at is not None and (cancelled or now >= a.wake_at)]:
+            self._active[nid].wake_at = None
+            self._advance(nid)
+
+    def _next_wake(self) -> float:
+        """How long the loop may sleep: until the first wait ends, at most ``POLL_S``."""
+        now = time.monotonic()
+        wakes = [a.wake_at - now for a in self._active.values() if a.wake_at is not None]
+        return max(0.0, min([POLL_S, *wakes]))
+
+    def _stop_fatal(self, nid: str, exc: FatalRunError) -> None:
+        """The run cannot record anything: stop it, cancelling every agent; it stays resumable."""
+        log.error("%s", exc)
+        self._fatal = self._fatal or exc
+        self.ctx.cancel.set()
+        self._active.pop(nid, None)
 
     def _finish_after_fatal(self) -> None:
         """Best effort: the ledger may not accept writes any more; it stays resumable."""
@@ -136,31 +283,19 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - already failing for a reason the user sees
             log.warning("could not record run.finished after the fatal error")
 
-    def _launch(self, pool: ThreadPoolExecutor, running: dict[Future[NodeOutcome], str],
-                ) -> None:
-        if self.ctx.cancel.is_set():
-            return
-        for nid in self._ready():
-            if len(running) >= self.ctx.settings.jobs:
-                break
-            self.ready.remove(nid)
-            self.status[nid] = NodeStatus.RUNNING
-            executor = NodeExecutor(self.ctx, nid, self.history[nid])
-            running[pool.submit(executor.run)] = nid
-
     def _settle(self, nid: str, outcome: NodeOutcome) -> None:
         self.status[nid] = outcome.status
         if outcome.status is NodeStatus.SUCCEEDED:
             self.ctx.ledger.append(NodeSucceeded(node=nid, attempts=outcome.attempts,
-                                                 artifacts=outcome.artifacts))
+                                                 artifacts=outcome.artifacts), sync=False)
             self.ctx.accepted[nid] = outcome.artifacts
             self._release(nid)
         elif outcome.status is NodeStatus.SKIPPED:  # never started: the deadline passed
-            self.ctx.ledger.append(NodeSkipped(node=nid, reason=outcome.reason))
+            self.ctx.ledger.append(NodeSkipped(node=nid, reason=outcome.reason), sync=False)
             self._skip_descendants(nid, outcome.reason)
         elif outcome.status is NodeStatus.FAILED:
             self.ctx.ledger.append(NodeFailed(node=nid, failure=outcome.failure,
-                                              reason=outcome.reason))
+                                              reason=outcome.reason), sync=False)
             self._skip_descendants(nid)
         else:  # cancelled: back to pending, resumable
             bisect.insort(self.ready, nid, key=self._rank.__getitem__)
