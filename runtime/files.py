@@ -1,6 +1,7 @@
 """How the runtime writes files, and the check that a path stays inside its root.
 
-The two ways the runtime writes files (once and read-only, or replaced atomically), and the
+The ways the runtime writes files (once and read-only; replaced atomically; or created
+read-only and later rewritten in place through the descriptor that created it), and the
 one check that a path from a topology or an agent stays inside its root.
 """
 
@@ -16,13 +17,52 @@ READ_ONLY = 0o444
 
 def write_read_only(path: Path, data: bytes) -> None:
     """Create ``path`` (its directory must exist) with mode 0444; never overwrite."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, READ_ONLY)
+    os.close(create_read_only(path, data))
+
+
+def create_read_only(path: Path, data: bytes) -> int:
+    """Create ``path`` with mode 0444 holding ``data``; return the still writable descriptor.
+
+    The caller may later ``rewrite_in_place`` through it, and must close it.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, READ_ONLY)
     try:
-        view = memoryview(data)
-        while view:  # a regular file may take a write in parts (a signal, a full quota)
-            view = view[os.write(fd, view):]
+        _write_all(fd, data, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def rewrite_in_place(fd: int, path: Path, data: bytes) -> None:
+    """Replace the content of the file ``create_read_only`` made, then close ``fd``.
+
+    One write to the same inode: no second file to create and no old inode to free, which
+    on ext4 is most of what replacing a small file costs. Only while ``path`` is still that
+    inode, with no other name: if anything replaced or linked it (an unsandboxed agent
+    can), the file is replaced atomically instead, so ``path`` ends with ``data`` either
+    way. A crash in the middle can leave the file torn (a reader must cope, as with any
+    record an agent could touch); a kill between the write and the truncate cannot matter
+    when the content only grows.
+    """
+    try:
+        mine, now = os.fstat(fd), os.lstat(path)
+        if (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino) and mine.st_nlink == 1:
+            _write_all(fd, data, 0)
+            os.ftruncate(fd, len(data))
+            return
+    except FileNotFoundError:
+        pass
     finally:
         os.close(fd)
+    replace_atomically(path, data)
+
+
+def _write_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:  # a regular file may take a write in parts (a signal, a full quota)
+        offset += (n := os.pwrite(fd, view, offset))
+        view = view[n:]
 
 
 def replace_atomically(path: Path, data: bytes) -> None:

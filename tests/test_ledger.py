@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -210,3 +211,28 @@ def test_a_short_write_is_cut_back_and_stops_the_run(tmp_path: Path,
     ledger.append(EVENTS[2])
     ledger.close()
     assert [e.seq for e in read_events(path)] == [1, 2, 3]
+
+
+def test_one_sync_makes_a_round_of_unsynced_appends_durable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scheduler appends a round of events unsynced, then syncs once before acting."""
+    ledger = Ledger(tmp_path / "ledger.jsonl")
+    synced_sizes: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        real(fd)
+        synced_sizes.append(os.fstat(fd).st_size)
+
+    monkeypatch.setattr("runtime.run.ledger.os.fdatasync", counting)
+    for event in EVENTS[:4]:
+        ledger.append(event, sync=False)
+    assert synced_sizes == []
+    ledger.sync()
+    size = (tmp_path / "ledger.jsonl").stat().st_size
+    assert synced_sizes == [size]  # one sync, covering every line appended before it
+    ledger.sync()
+    assert synced_sizes == [size]  # nothing new: no second sync
+    ledger.append(EVENTS[4])
+    assert len(synced_sizes) == 2
+    ledger.close()

@@ -23,12 +23,18 @@ from typing import Literal, TypeVar
 
 from runtime.agents.base import AgentExit
 from runtime.agents.capture import BoundedCapture
-from runtime.agents.procs import run_key
 from runtime.agents.recognise import error_tail
 from runtime.digest import blake3_hex
 from runtime.errors import FatalRunError
 from runtime.failures import FailureClass
-from runtime.files import UnsafeFileError, read_capped, replace_atomically, write_read_only
+from runtime.files import (
+    UnsafeFileError,
+    create_read_only,
+    read_capped,
+    replace_atomically,
+    rewrite_in_place,
+    write_read_only,
+)
 from runtime.plan.profiles import CommandProfile
 from runtime.prompt.assemble import RuntimeContext, assemble_prompt
 from runtime.prompt.feedback import fingerprint, render_preamble
@@ -97,6 +103,7 @@ class Attempt:
         self._retry_after: float | None = None
         self._where: AgentOutcome | None = None  # the engine's report: where it ran
         self._context_bytes = b""
+        self._context_fd: int | None = None  # attempt.json, kept open for the final record
 
     def run(self) -> AttemptRecord:
         """Run the attempt on the run's engine, blocking, and return the record it wrote.
@@ -229,12 +236,17 @@ class Attempt:
 
     def _write_context(self, ctx: AttemptContext) -> None:
         data = (ctx.model_dump_json(indent=2) + "\n").encode()
+        path = self.dir / "attempt.json"
         if not self._started:  # the directory was just claimed: create in place
             self._context_bytes = data  # what the agent reads; a remote engine ships it
             with contextlib.suppress(FileExistsError):  # (a failed first try: replace)
-                write_read_only(self.dir / "attempt.json", data)
+                self._context_fd = create_read_only(path, data)
                 return
-        replace_atomically(self.dir / "attempt.json", data)
+        fd, self._context_fd = self._context_fd, None
+        if fd is None:
+            replace_atomically(path, data)
+        else:  # the final record: the same file again (a create and a rename less)
+            rewrite_in_place(fd, path, data)
 
     def _start(self, *, prompt_digest: str, preamble: str | None, sync: bool = True) -> None:
         self._prompt_digest = prompt_digest
@@ -261,9 +273,10 @@ class Attempt:
             env_names=tuple(getattr(profile, "env", ())), timeout_s=timeout,
             artifacts=tuple(self.node.artifacts),
             context=self._context_bytes if self.ctx.engine.name != LOCAL else b"")
+        ws, adir = ws.absolute(), self.dir.absolute()  # one getcwd each, not one per use
         site = LocalSite(
-            workspace=ws.absolute(), attempt_dir=self.dir.absolute(),
-            prompt_file=(self.dir / "prompt.md").absolute(), env=self._env(ws),
+            workspace=ws, attempt_dir=adir, prompt_file=adir / "prompt.md",
+            env=self._env(ws, adir),
             stdout=BoundedCapture(self.dir / "stdout.log"),
             stderr=BoundedCapture(self.dir / "stderr.log"), cancel=self.ctx.cancel,
             leader_log=self.ctx.layout.leaders.absolute())
@@ -318,15 +331,16 @@ class Attempt:
                     out.append(InputFile(f"inputs/{up}/{rel}", data, blake3_hex(data)))
         return tuple(out)
 
-    def _env(self, ws: Path) -> Mapping[str, str]:
+    def _env(self, ws: Path, adir: Path) -> Mapping[str, str]:
+        """The RUNTIME_* variables, from the absolute workspace and attempt directory."""
         return {
             "RUNTIME_RUN_ID": self.ctx.run_id, "RUNTIME_NODE": self.spec.node_id,
-            "RUNTIME_RUN_KEY": run_key(self.ctx.layout.root),
+            "RUNTIME_RUN_KEY": self.ctx.run_key,
             "RUNTIME_ATTEMPT": str(self.spec.number),
             "RUNTIME_MAX_ATTEMPTS": str(self.spec.policy.ceiling),
-            "RUNTIME_WORKSPACE": str(ws.absolute()),
-            "RUNTIME_PROMPT_FILE": str((self.dir / "prompt.md").absolute()),
-            "RUNTIME_ATTEMPT_CONTEXT": str((self.dir / "attempt.json").absolute()),
+            "RUNTIME_WORKSPACE": str(ws),
+            "RUNTIME_PROMPT_FILE": str(adir / "prompt.md"),
+            "RUNTIME_ATTEMPT_CONTEXT": str(adir / "attempt.json"),
         }
 
     def _error_tail(self, stderr: BoundedCapture) -> str:

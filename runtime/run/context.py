@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from runtime.agents.procs import run_key
 from runtime.digest import blake3_hex, canonical_json
 from runtime.failures import FailureClass, NodeStatus
 from runtime.plan.manifest import Manifest
@@ -76,6 +77,11 @@ class RunContext:
     def profile_digest(self, name: str) -> str:
         """The digest of profile ``name`` as this run resolved it (recorded in ``attempt.json``)."""
         return self._profile_digests[name]
+
+    @functools.cached_property
+    def run_key(self) -> str:
+        """``RUNTIME_RUN_KEY`` of this run's agents (a realpath per attempt otherwise)."""
+        return run_key(self.layout.root)
 
     @functools.cached_property
     def _profile_digests(self) -> dict[str, str]:
