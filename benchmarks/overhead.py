@@ -10,7 +10,12 @@
    the node's directories, its prompt copy, the attempt's prompt and attempt.json (the
    latter replaced atomically at the end) and three durable ledger lines. The runtime
    against it is the executor's own overhead; the layout loop against the bare loop is
-   what the contract costs on this machine's file system.
+   what the contract costs on this machine's file system. An optional fourth baseline
+   (``pip install -e '.[bench]'``; without dask its line says it was skipped) is Dask's
+   threaded scheduler on two threads running the same DAG, each task the bare loop's body,
+   also a whole process: a general-purpose DAG scheduler that records nothing durable, so
+   the runtime against it is what supervision and the durable ledger cost over scheduling
+   alone. Stretch goal: <= 1.3x (issue 12).
 2. Sandbox cost: the same `true` DAG with ``--jobs 1`` (so wall time is the sum of the
    attempts), sandboxed against unsandboxed; the difference per node is what the
    sandbox adds to each attempt. Goal: <= 3 ms.
@@ -27,6 +32,7 @@ Best of --repeat runs (the machine is shared and noisy).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import subprocess
 import sys
@@ -76,6 +82,27 @@ for i in range(int(sys.argv[1])):
     log(b'{"event": "node.succeeded"}\n')
 """
 
+# The same layered DAG as `layered()` (node i needs node i - WIDTH) as a plain Dask task
+# graph, each task the bare loop's body, run by Dask's threaded scheduler on two threads
+# (`dask.threaded.get` is what `scheduler="threads"` resolves to). The edge is a real
+# argument, so a node starts only after its need has returned.
+DASK = r"""
+import os, subprocess, sys
+import dask.threaded
+n, width, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+os.makedirs(out)
+def node(i, need):
+    subprocess.run(["true"], check=True)
+    with open(os.path.join(out, f"n{i:05d}.txt"), "w") as fh:
+        fh.write("done\n")
+    return i
+graph = {f"n{i:05d}": (node, i, f"n{i - width:05d}" if i >= width else None) for i in range(n)}
+dask.threaded.get(graph, [f"n{i:05d}" for i in range(max(0, n - width), n)], num_workers=2)
+done = len(os.listdir(out))
+if done != n:
+    sys.exit(f"dask ran {done} of {n} nodes")
+"""
+
 
 def layered(n: int, argv: list[str], name: str, *, sandbox: bool = False) -> str:
     contained = "" if sandbox else ", sandbox: false"
@@ -113,12 +140,16 @@ def run_argv(root: Path, jobs: int, run_id: str) -> list[str]:
 def overhead(n: int, repeat: int, tmp: Path) -> None:
     root = project(tmp, "overhead", layered(n, ["true"], "overhead"))
     boxed = project(tmp, "overhead-sandboxed", layered(n, ["true"], "overhead", sandbox=True))
-    runs, sandboxed, bares, layouts = [], [], [], []
+    with_dask = importlib.util.find_spec("dask") is not None  # the optional column
+    runs, sandboxed, bares, layouts, dasks = [], [], [], [], []
     for r in range(repeat):  # interleaved: the machine's load hits all alike
         runs.append(timed(run_argv(root, 2, f"r{r}")))
         sandboxed.append(timed(run_argv(boxed, 2, f"r{r}")))
         bares.append(timed([sys.executable, "-c", BARE, str(n), str(tmp / f"bare-{r}")]))
         layouts.append(timed([sys.executable, "-c", LAYOUT, str(n), str(tmp / f"layout-{r}")]))
+        if with_dask:
+            dasks.append(timed([sys.executable, "-c", DASK, str(n), str(WIDTH),
+                                str(tmp / f"dask-{r}")]))
     best, boxed_best, bare, layout = min(runs), min(sandboxed), min(bares), min(layouts)
     print(f"overhead: {n} `true` nodes, --jobs 2: runtime {best / n * 1000:.2f} ms/node "
           f"(sandboxed {boxed_best / n * 1000:.2f} ms/node), bare loop "
@@ -127,6 +158,13 @@ def overhead(n: int, repeat: int, tmp: Path) -> None:
     print(f"  layout loop (bare + the files and durable ledger lines the layout requires, "
           f"serial): {layout / n * 1000:.2f} ms/node = {layout / bare:.2f}x the bare loop; "
           f"runtime / layout loop {best / layout:.2f}x")
+    if not with_dask:
+        print("  dask: skipped, dask is not installed (pip install -e '.[bench]')")
+        return
+    dask_best = min(dasks)
+    print(f"  dask threaded scheduler (same DAG, 2 threads, nothing durable): "
+          f"{dask_best / n * 1000:.2f} ms/node = {dask_best / bare:.2f}x the bare loop; "
+          f"runtime / dask {best / dask_best:.2f}x (stretch goal <= 1.3x)")
 
 
 def sandbox_cost(n: int, repeat: int, tmp: Path) -> None:
