@@ -8,7 +8,7 @@
    bubblewrap (the default). A third baseline, "layout loop", is the bare loop plus the
    file-system work the run layout contract (DESIGN section 5) requires of every node:
    the node's directories, its prompt copy, the attempt's prompt and attempt.json (the
-   latter replaced atomically at the end) and three durable ledger lines. The runtime
+   latter rewritten in place at the end) and three durable ledger lines. The runtime
    against it is the executor's own overhead; the layout loop against the bare loop is
    what the contract costs on this machine's file system. An optional fourth baseline
    (``pip install -e '.[bench]'``; without dask its line says it was skipped) is Dask's
@@ -57,9 +57,11 @@ import os, subprocess, sys
 out = sys.argv[2]
 os.makedirs(os.path.join(out, "nodes"))
 ledger = os.open(os.path.join(out, "ledger.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-def put(path, data, mode=0o444):
+def put(path, data, mode=0o444, keep=False):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     os.write(fd, data)
+    if keep:
+        return fd
     os.close(fd)
 def log(line):
     os.write(ledger, line)
@@ -73,11 +75,11 @@ for i in range(int(sys.argv[1])):
     attempt = os.path.join(node, "attempts", "1")
     os.mkdir(attempt)
     put(os.path.join(attempt, "prompt.md"), b"Run node.\n" * 20)
-    put(os.path.join(attempt, "attempt.json"), b"{}\n" * 20)
+    record = put(os.path.join(attempt, "attempt.json"), b"{}\n" * 20, keep=True)
     log(b'{"event": "attempt.started"}\n')
     subprocess.run(["true"], check=True, cwd=os.path.join(node, "workspace"))
-    put(os.path.join(attempt, ".attempt.json.tmp"), b"{}\n" * 30, 0o644)
-    os.replace(os.path.join(attempt, ".attempt.json.tmp"), os.path.join(attempt, "attempt.json"))
+    os.pwrite(record, b"{}\n" * 30, 0)
+    os.close(record)
     log(b'{"event": "attempt.finished"}\n')
     log(b'{"event": "node.succeeded"}\n')
 """

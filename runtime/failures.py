@@ -1,4 +1,4 @@
-"""Closed sets: failure classes of an attempt, and statuses of a node or run.
+"""Closed sets: failure classes and outcomes of an attempt, and statuses of a node or run.
 
 Failure classes are deterministic labels of evidence, not diagnoses (DESIGN section 7).
 """
@@ -47,6 +47,44 @@ class FailureClass(StrEnum):
         """
         return self in (FailureClass.LAUNCH_ERROR, FailureClass.AGENT_AUTH,
                         FailureClass.AGENT_UNREACHABLE, FailureClass.AGENT_REJECTED)
+
+
+class Outcome(StrEnum):
+    """How a finished attempt ended: ``succeeded``, or the failure class that says why not.
+
+    Its values are ``succeeded`` and the failure classes' own values (a test keeps the two
+    enums in step), so the ledger's ``outcome`` field reads as it always did. An attempt
+    that has not finished has no outcome (``None``), never a stand-in value.
+    """
+
+    SUCCEEDED = "succeeded"
+    AGENT_EXIT = "agent_exit"
+    AGENT_TIMEOUT = "agent_timeout"
+    ARTIFACT_CONTRACT = "artifact_contract"
+    CONTRADICTORY_COMPLETION = "contradictory_completion"
+    LAUNCH_ERROR = "launch_error"
+    LOST = "lost"
+    CANCELLED = "cancelled"
+    DIGEST_MISMATCH = "digest_mismatch"
+    AGENT_AUTH = "agent_auth"
+    AGENT_UNREACHABLE = "agent_unreachable"
+    AGENT_REJECTED = "agent_rejected"
+    RATE_LIMITED = "rate_limited"
+
+    @classmethod
+    def of(cls, failure: FailureClass | None) -> Outcome:
+        """The outcome of an attempt that failed with ``failure`` (None: it succeeded)."""
+        return cls.SUCCEEDED if failure is None else cls(failure.value)
+
+    @property
+    def failure(self) -> FailureClass | None:
+        """The failure class, or None for ``succeeded``."""
+        return None if self is Outcome.SUCCEEDED else FailureClass(self.value)
+
+    def is_charged(self) -> bool:
+        """Whether the attempt counts against the node's ``max_attempts`` (a success does)."""
+        failure = self.failure
+        return failure is None or failure.is_charged()
 
 
 DEFAULT_RETRY_ON = (

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from runtime.cli import main
-from runtime.failures import FailureClass
+from runtime.failures import Outcome
 from runtime.run.events import AttemptFinished, AttemptStarted, Event, NodeSkipped
 from tests.conftest import REPO, Project, make_topology
 
@@ -294,10 +294,10 @@ def test_signal_handlers_are_restored_after_a_run(
     (AttemptStarted(node="a", attempt=2, profile="claude", trigger="retry",
                     prompt_digest="p", waited_s=3.0),
      "a: attempt 2 started on claude after waiting 3 s"),
-    (AttemptFinished(node="a", attempt=1, outcome=FailureClass.AGENT_AUTH,
+    (AttemptFinished(node="a", attempt=1, outcome=Outcome.AGENT_AUTH,
                      summary="Not logged in \x1b[31m· Please run /login"),
      "a: attempt 1 agent_auth: Not logged in ?[31m· Please run /login"),
-    (AttemptFinished(node="a", attempt=1, outcome="succeeded"), ""),
+    (AttemptFinished(node="a", attempt=1, outcome=Outcome.SUCCEEDED), ""),
     (NodeSkipped(node="b", failed_ancestor="a"), "b: skipped (upstream a failed)"),
     (NodeSkipped(node="b", reason="run deadline passed"), "b: skipped (run deadline passed)"),
 ])

@@ -15,7 +15,7 @@ import pytest
 
 from runtime.agents.base import AgentExit
 from runtime.agents.capture import BoundedCapture
-from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.failures import FailureClass, NodeStatus, Outcome, RunStatus
 from runtime.plan.topology import ArtifactSpec
 from runtime.prompt.redact import Redactor
 from runtime.run.engine import AgentOutcome, LocalSite, collect_artifacts, deliver
@@ -134,7 +134,7 @@ def test_a_dying_worker_is_a_lost_attempt_and_the_node_reruns(
     assert node.status is NodeStatus.SUCCEEDED
     assert [a.outcome for a in node.attempts] == [FailureClass.LOST, "succeeded"]
     lost = _attempt(project, "crash", "a", 1)
-    assert lost.outcome is FailureClass.LOST
+    assert lost.outcome is Outcome.LOST
     assert "the Ray worker running the attempt died (WorkerCrashedError)" in lost.error
 
 
@@ -159,7 +159,7 @@ def test_cancel_kills_the_ray_task_and_its_agent(project: Project, ray_engine: R
     result = run_topology(project, topo, run_id="cancel",
                           hooks=Hooks(engine=ray_engine, cancel=cancel))
     assert result.status is RunStatus.CANCELLED
-    assert _attempt(project, "cancel", "a", 1).outcome is FailureClass.CANCELLED
+    assert _attempt(project, "cancel", "a", 1).outcome is Outcome.CANCELLED
     pid = int(pidfile.read_text())
     # The task stops it on the worker (SIGTERM, SIGKILL after 2 s) after Ray has told
     # the driver the task is cancelled: a bounded wait for it to go, no orphan left.
@@ -298,7 +298,7 @@ def test_a_resource_no_node_offers_fails_the_node_naming_it(
     result = run_topology(project, topo, run_id="infeasible", hooks=Hooks(engine=ray_engine))
     assert result.status is RunStatus.FAILED
     ctx = _attempt(project, "infeasible", "a", 1)
-    assert ctx.outcome is FailureClass.LAUNCH_ERROR
+    assert ctx.outcome is Outcome.LAUNCH_ERROR
     assert ctx.error == (
         "profile 'claude-cli' needs Ray resources {\"claude\": 1, \"gpu-box\": 2} and no "
         "live node of the Ray cluster offers gpu-box: 2; start a worker with them (ray "

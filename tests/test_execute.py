@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.failures import FailureClass, NodeStatus, Outcome, RunStatus
 from runtime.run.events import Event, read_events
 from runtime.run.records import AttemptContext
 from tests.conftest import Project, make_topology, python_agents, run_topology
@@ -46,7 +46,7 @@ def test_failure_classes(project: Project, agent: str, extra: dict[str, Any],
     node = result.state.nodes["a"]
     assert node.status is NodeStatus.FAILED
     assert node.failure is failure
-    assert [a.outcome for a in node.attempts] == [failure] * attempts
+    assert [a.outcome for a in node.attempts] == [Outcome.of(failure)] * attempts
     ctx = _attempt(project, "a", attempts)
     assert ctx.failure_classes == [failure]
     expected = ("retry", 1) if attempts == 2 else ("initial", None)
@@ -127,7 +127,7 @@ def test_digest_mismatch_is_never_retried(project: Project) -> None:
 
     topo = _topo("write_all", a={"max_attempts": 5})
     node = run_topology(project, topo, hooks=Hooks(after_append=tamper)).state.nodes["a"]
-    assert [a.outcome for a in node.attempts] == [FailureClass.DIGEST_MISMATCH]
+    assert [a.outcome for a in node.attempts] == [Outcome.DIGEST_MISMATCH]
     assert node.reason == "digest_mismatch is never retried"
 
 

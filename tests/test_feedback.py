@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from runtime.digest import blake3_hex, file_blake3
-from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.failures import FailureClass, NodeStatus, Outcome, RunStatus
 from runtime.plan.compile import plan_topology
 from runtime.prompt.assemble import PRIOR_FAILURE_CLOSE, PRIOR_FAILURE_OPEN, SECTION_SEPARATOR
 from runtime.prompt.feedback import PriorFailure, encode_block, fingerprint, render_preamble
@@ -69,7 +69,7 @@ def test_incident_without_feedback_burns_the_budget_and_skips_descendants(
     result, _ = _run_incident(tmp_path, feedback=False)
     assert result.status is RunStatus.FAILED
     node = result.state.nodes["durable-handler"]
-    assert [a.outcome for a in node.attempts] == [FailureClass.ARTIFACT_CONTRACT] * 4
+    assert [a.outcome for a in node.attempts] == [Outcome.ARTIFACT_CONTRACT] * 4
     skipped = [n for n, s in result.state.nodes.items() if s.status is NodeStatus.SKIPPED]
     assert len(skipped) == 8
     # the override is recorded in the ledger

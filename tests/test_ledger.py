@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from runtime.errors import LedgerError
-from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.failures import FailureClass, NodeStatus, Outcome, RunStatus
 from runtime.run.events import (
     EVENT_ADAPTER,
     AttemptFinished,
@@ -27,11 +27,11 @@ EVENTS: list[Event] = [
     RunStarted(run_id="r", plan_digest="d" * 64, topology="t", settings={"jobs": 2}),
     AttemptStarted(node="a", attempt=1, profile="sim", trigger="initial",
                    prompt_digest="p" * 64),
-    AttemptFinished(node="a", attempt=1, outcome=FailureClass.AGENT_EXIT, exit_code=1,
+    AttemptFinished(node="a", attempt=1, outcome=Outcome.AGENT_EXIT, exit_code=1,
                     error="boom", fingerprint="f" * 16, duration_s=0.5),
     AttemptStarted(node="a", attempt=2, profile="sim", trigger="retry", prior_attempt=1,
                    prompt_digest="q" * 64, preamble_digest="r" * 64),
-    AttemptFinished(node="a", attempt=2, outcome="succeeded", exit_code=0),
+    AttemptFinished(node="a", attempt=2, outcome=Outcome.SUCCEEDED, exit_code=0),
     NodeSucceeded(node="a", attempts=2),
     NodeFailed(node="b", failure=FailureClass.ARTIFACT_CONTRACT, reason="attempts exhausted"),
     NodeSkipped(node="c", failed_ancestor="b"),
@@ -108,7 +108,7 @@ def test_fold_counts_lost_attempts_apart(tmp_path: Path) -> None:
     for n in (1, 2):
         events += [AttemptStarted(node="a", attempt=n, profile="s", trigger="initial",
                                   prompt_digest="p"),
-                   AttemptFinished(node="a", attempt=n, outcome=FailureClass.LOST)]
+                   AttemptFinished(node="a", attempt=n, outcome=Outcome.LOST)]
     events.append(AttemptStarted(node="a", attempt=3, profile="s", trigger="retry",
                                  prompt_digest="p"))
     state = fold(events, ["a"])
@@ -138,7 +138,7 @@ def _node_events() -> list[Event]:
     return [EVENTS[0],
             AttemptStarted(node="a", attempt=1, profile="sim", trigger="initial",
                            prompt_digest="p" * 64),
-            AttemptFinished(node="a", attempt=1, outcome=FailureClass.AGENT_EXIT)]
+            AttemptFinished(node="a", attempt=1, outcome=Outcome.AGENT_EXIT)]
 
 
 @pytest.mark.parametrize(("forged", "message"), [
@@ -149,10 +149,10 @@ def _node_events() -> list[Event]:
      "node 'zz' is not in the plan"),
     ([AttemptStarted(node="a", attempt=1, profile="s", trigger="retry", prompt_digest="p")],
      "attempt 1 of a was already started"),
-    ([AttemptFinished(node="a", attempt=7, outcome="succeeded")],
+    ([AttemptFinished(node="a", attempt=7, outcome=Outcome.SUCCEEDED)],
      "attempt 7 of a was never started"),
     ([AttemptStarted(node="a", attempt=2, profile="s", trigger="retry", prompt_digest="p"),
-      AttemptFinished(node="a", attempt=2, outcome="succeeded"),
+      AttemptFinished(node="a", attempt=2, outcome=Outcome.SUCCEEDED),
       NodeSucceeded(node="a", attempts=2),
       AttemptStarted(node="a", attempt=3, profile="s", trigger="retry", prompt_digest="p")],
      "node a is already succeeded"),

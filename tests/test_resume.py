@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from runtime.failures import FailureClass, RunStatus
+from runtime.failures import FailureClass, Outcome, RunStatus
 from runtime.prompt.redact import Redactor
 from runtime.run.events import AttemptFinished, AttemptStarted, Event, NodeSucceeded, read_events
 from runtime.run.start import resume_run
@@ -79,7 +79,7 @@ def test_crash_at_every_ledger_position_resumes(completed_run: Path, tmp_path: P
         _check_invariants(run_dir)
         events = read_events(run_dir / "ledger.jsonl")
         lost = {(e.node, e.attempt) for e in events
-                if isinstance(e, AttemptFinished) and e.outcome == FailureClass.LOST}
+                if isinstance(e, AttemptFinished) and e.outcome == Outcome.LOST}
         assert lost == unfinished, f"crash after event {k}"
         assert json.loads((run_dir / "state.json").read_text())["status"] == "succeeded"
 
@@ -126,7 +126,7 @@ def test_lost_attempts_are_not_charged_but_three_in_a_row_fail(tmp_path: Path) -
             resume_run(run_dir, hooks=Hooks(after_append=_crash_after_attempt_started))
     result = resume_run(run_dir)
     node = result.state.nodes["a"]
-    assert [a.outcome for a in node.attempts] == [FailureClass.LOST] * 3
+    assert [a.outcome for a in node.attempts] == [Outcome.LOST] * 3
     assert node.reason == "lost 3 times in a row"
     assert result.state.attempts_used == 3  # charged to the run, not to max_attempts
 
@@ -217,7 +217,7 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
     assert "interrupted; the run is resumable: runtime resume int --artifacts" in err
     events = read_events(ledger)
     assert [(e.node, e.outcome) for e in events if isinstance(e, AttemptFinished)] == \
-        [("a", FailureClass.CANCELLED)]
+        [("a", Outcome.CANCELLED)]
     assert events[-1].event == "run.finished"
     assert events[-1].status == "cancelled"
     release.touch()

@@ -26,7 +26,7 @@ from runtime.agents import make_agent, procs, sandbox
 from runtime.agents.base import Invocation
 from runtime.agents.capture import BoundedCapture
 from runtime.cli import main
-from runtime.failures import FailureClass, RunStatus
+from runtime.failures import FailureClass, Outcome, RunStatus
 from runtime.plan.profiles import CommandProfile
 from runtime.plan.verify import verify_plan_dir
 from runtime.run.events import read_events
@@ -292,7 +292,7 @@ def test_program_under_tmp_runs_read_only_and_the_run_stays_hidden(project: Proj
 def test_writable_directory_that_cannot_be_created_is_a_launch_error(project: Project) -> None:
     result = run_topology(project, _topo(["true"], sandbox={"writable": ["/proc/no/such/"]}))
     attempt = result.state.nodes["a"].attempts[0]
-    assert attempt.outcome is FailureClass.LAUNCH_ERROR
+    assert attempt.outcome is Outcome.LAUNCH_ERROR
     assert attempt.error == ("sandbox: cannot create the writable directory /proc/no/such/: "
                              "No such file or directory")
 

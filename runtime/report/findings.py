@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict
 
 from runtime.digest import blake3_hex, canonical_json
 from runtime.errors import UsageError
+from runtime.failures import Outcome
 from runtime.files import replace_atomically, within
 from runtime.plan.manifest import Manifest
 from runtime.plan.topology import ArtifactSpec
@@ -228,7 +229,7 @@ def run_findings(run_dir: Path, loaded: tuple[Manifest, RunState] | None = None)
 def _accepted_attempt(ns: NodeState) -> tuple[int, str] | None:
     if ns.status.value != "succeeded":
         return None
-    done = [a for a in ns.attempts if a.outcome == "succeeded"]
+    done = [a for a in ns.attempts if a.outcome is Outcome.SUCCEEDED]
     return (done[-1].attempt, done[-1].profile) if done else None
 
 

@@ -19,14 +19,14 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 from runtime.agents.base import AgentExit
 from runtime.agents.capture import BoundedCapture
 from runtime.agents.recognise import error_tail
 from runtime.digest import blake3_hex
 from runtime.errors import FatalRunError
-from runtime.failures import FailureClass
+from runtime.failures import FailureClass, Outcome
 from runtime.files import (
     UnsafeFileError,
     create_read_only,
@@ -391,7 +391,7 @@ class Attempt:
             unsatisfied=[redactor.clean(u, 1024) for u in acceptance.unsatisfied])
         fp = fingerprint(failure, clean) if failure is not None else None
         summary = summarize(redactor, self._summary_hint, clean) if failure is not None else ""
-        outcome: Literal["succeeded"] | FailureClass = "succeeded" if failure is None else failure
+        outcome = Outcome.of(failure)
         retry_after = self._retry_after if failure is FailureClass.RATE_LIMITED else None
         self._write_context(self._context(
             outcome=outcome, failure_classes=[failure] if failure else [],

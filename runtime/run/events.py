@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from runtime.errors import LedgerError
-from runtime.failures import FailureClass, RunStatus
+from runtime.failures import FailureClass, Outcome, RunStatus
 
 LEDGER_SCHEMA_VERSION = 1
 
@@ -105,7 +105,7 @@ class AttemptFinished(_Event):
     event: Literal["attempt.finished"] = "attempt.finished"
     node: str
     attempt: int
-    outcome: Literal["succeeded"] | FailureClass
+    outcome: Outcome
     exit_code: int | None = None
     error: str = Field(default="", description="Redacted, bounded error text.")
     summary: str = Field(default="", description="One redacted line: the agent's own "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from runtime.errors import FatalRunError
-from runtime.failures import FailureClass, NodeStatus
+from runtime.failures import FailureClass, NodeStatus, Outcome
 from runtime.prompt.feedback import PriorFailure
 from runtime.run.attempt import FATAL_ERRNOS, Attempt
 from runtime.run.context import AttemptSpec, NodeOutcome, RunContext
@@ -127,12 +127,13 @@ class NodeExecutor:
             prior_attempt=last.attempt if last is not None else None, policy=self.policy,
             prior_failures=tuple(self._prior_failures()) if last is not None else (),
             waited_s=step.wait_s if last is not None
-            and last.outcome is FailureClass.RATE_LIMITED else 0.0)
+            and last.outcome is Outcome.RATE_LIMITED else 0.0)
 
     def _last_failure(self) -> FailureClass | None:
         for rec in reversed(self.history):
-            if rec.outcome not in (None, "succeeded", FailureClass.LOST):
-                return FailureClass(rec.outcome)
+            if rec.outcome is not None and rec.outcome is not Outcome.LOST \
+                    and rec.outcome.failure is not None:
+                return rec.outcome.failure
         return None
 
     def _outcome(self, stop: Stop) -> NodeOutcome:
@@ -155,22 +156,24 @@ class NodeExecutor:
         seen: set[str] = set()
         out = []
         for rec in reversed(self.history):
-            if rec.outcome in (None, "succeeded") or rec.fingerprint is None:
+            failure = rec.outcome.failure if rec.outcome is not None else None
+            if failure is None or rec.fingerprint is None:
                 continue
-            if FailureClass(rec.outcome) in (FailureClass.LOST, FailureClass.CANCELLED):
+            if failure in (FailureClass.LOST, FailureClass.CANCELLED):
                 continue
             if rec.fingerprint in seen:
                 continue
             seen.add(rec.fingerprint)
             out.append(PriorFailure(
-                attempt=rec.attempt, failure_class=FailureClass(rec.outcome),
+                attempt=rec.attempt, failure_class=failure,
                 exit_code=rec.exit_code, unsatisfied=list(rec.unsatisfied), error=rec.error,
                 fingerprint=rec.fingerprint))
         return out
 
 
 def _past(rec: AttemptRecord) -> Past:
-    outcome = None if rec.outcome == "succeeded" else FailureClass(str(rec.outcome))
-    return Past(attempt=rec.attempt, profile=rec.profile, outcome=outcome,
+    if rec.outcome is None:  # the history holds finished attempts only
+        raise ValueError(f"attempt {rec.attempt} has not finished")
+    return Past(attempt=rec.attempt, profile=rec.profile, outcome=rec.outcome,
                 fingerprint=rec.fingerprint, retry_after_s=rec.retry_after_s,
                 waited_s=rec.waited_s)

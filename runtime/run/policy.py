@@ -17,7 +17,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 from tenacity import RetryCallState, Retrying, wait_random_exponential
 
-from runtime.failures import FailureClass
+from runtime.failures import FailureClass, Outcome
 from runtime.plan.manifest import PlanNode
 
 LOST_STREAK_LIMIT = 3
@@ -87,7 +87,7 @@ class Past:
 
     attempt: int
     profile: str
-    outcome: FailureClass | None  # None: succeeded
+    outcome: Outcome
     fingerprint: str | None = None
     retry_after_s: float | None = None
     waited_s: float = 0.0
@@ -113,7 +113,7 @@ class Stop:
 
 
 def _charged(p: Past) -> bool:
-    return p.outcome is None or p.outcome.is_charged()
+    return p.outcome.is_charged()
 
 
 # C901: The ceilings in the order they apply; split apart, their precedence would hide.
@@ -129,14 +129,14 @@ def next_step(policy: NodePolicy, history: Sequence[Past], *, next_number: int, 
     node's wait. ``digest_mismatch`` stops the node.
     """
     last = history[-1] if history else None
-    if last is not None and last.outcome is None:
+    if last is not None and last.outcome is Outcome.SUCCEEDED:
         return Stop(StopReason.SUCCEEDED, "succeeded")
-    if last is not None and last.outcome is FailureClass.DIGEST_MISMATCH:
+    if last is not None and last.outcome is Outcome.DIGEST_MISMATCH:
         return Stop(StopReason.NEVER_RETRIED, "digest_mismatch is never retried",
                     FailureClass.DIGEST_MISMATCH)
     lost = 0
     for p in reversed(history):
-        if p.outcome is not FailureClass.LOST:
+        if p.outcome is not Outcome.LOST:
             break
         lost += 1
     if lost >= LOST_STREAK_LIMIT:
@@ -144,15 +144,15 @@ def next_step(policy: NodePolicy, history: Sequence[Past], *, next_number: int, 
                     FailureClass.LOST)
     index, why = _current_profile(policy, history)
     if index >= len(policy.profiles):
-        failure = next((p.outcome for p in reversed(history)
-                        if p.outcome not in (None, FailureClass.LOST)), None)
+        failure = next((p.outcome.failure for p in reversed(history)
+                        if p.outcome not in (Outcome.SUCCEEDED, Outcome.LOST)), None)
         if len(policy.profiles) > 1:
             why = f"{why}; no fallback profile left"
         return Stop(StopReason.PROFILES_EXHAUSTED, why, failure)
     profile = policy.profiles[index]
     wait = 0.0
-    if last is not None and last.profile == profile and last.outcome is not None:
-        if last.outcome is FailureClass.RATE_LIMITED:
+    if last is not None and last.profile == profile and last.outcome is not Outcome.SUCCEEDED:
+        if last.outcome is Outcome.RATE_LIMITED:
             wait = _rate_limit_wait(policy, history, last)
         elif last.outcome.is_charged():
             wait = policy.backoff_s
@@ -179,7 +179,7 @@ def _current_profile(policy: NodePolicy, history: Sequence[Past]) -> tuple[int, 
 def _profile_ended(policy: NodePolicy, index: int, on_profile: list[Past]) -> str:
     """Why ``profiles[index]`` takes no further attempt, or "" while it still does."""
     last = on_profile[-1]
-    cls = last.outcome
+    cls = last.outcome.failure
     name = policy.profiles[index]
     if cls is None or cls in (FailureClass.LOST, FailureClass.CANCELLED):
         return ""
@@ -193,7 +193,7 @@ def _profile_ended(policy: NodePolicy, index: int, on_profile: list[Past]) -> st
         return ""
     if cls not in policy.retry_on:
         return f"{cls.value} is not in retry_on"
-    charged = [p for p in on_profile if _charged(p) and p.outcome is not FailureClass.RATE_LIMITED]
+    charged = [p for p in on_profile if _charged(p) and p.outcome is not Outcome.RATE_LIMITED]
     # Only with feedback on: a repeat then means the preamble did not help. Without it
     # a byte-identical replay is expected to repeat, and the budget is the user's call.
     if policy.retry_feedback and len(charged) >= 2 and charged[-1] is last \
@@ -217,7 +217,7 @@ def _rate_limit_wait(policy: NodePolicy, history: Sequence[Past], last: Past) ->
     """
     streak = 0
     for p in reversed(history):
-        if p.profile != last.profile or p.outcome is not FailureClass.RATE_LIMITED:
+        if p.profile != last.profile or p.outcome is not Outcome.RATE_LIMITED:
             break
         streak += 1
     state = RetryCallState(retry_object=Retrying(), fn=None, args=(), kwargs={})

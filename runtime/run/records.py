@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.digest import blake3_hex
 from runtime.errors import RecordError
-from runtime.failures import FailureClass
+from runtime.failures import FailureClass, Outcome
 from runtime.files import read_capped
 from runtime.prompt.feedback import PriorFailure
 from runtime.run.contract import AcceptanceSummary
@@ -143,7 +143,7 @@ class AttemptContext(BaseModel):
     engine: str = Field(default="local", description="--engine the attempt ran on")
     worker_host: str | None = Field(default=None, description="host name the agent ran on")
     worker: str | None = Field(default=None, description="engine's worker id (Ray node id)")
-    outcome: Literal["succeeded"] | FailureClass | None = None
+    outcome: Outcome | None = None
     failure_classes: list[FailureClass] = Field(default_factory=list)
     exit_code: int | None = None
     error: str = ""

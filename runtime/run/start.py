@@ -21,7 +21,7 @@ from runtime.agents.procs import AGENT_RECORD, kill_leftovers, run_key
 from runtime.agents.sandbox import require_bubblewrap, sandboxed_profiles
 from runtime.digest import blake3_hex
 from runtime.errors import PlanIntegrityError, UsageError
-from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.failures import NodeStatus, Outcome, RunStatus
 from runtime.files import fsync_dir, read_capped, write_read_only
 from runtime.plan.manifest import PROMPTS_DIR, Manifest, read_manifest
 from runtime.plan.verify import verify_plan_dir
@@ -226,7 +226,7 @@ def _continue(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None,
     for nid, node_state in state.nodes.items():
         for rec in node_state.unfinished():
             ledger.append(AttemptFinished(node=nid, attempt=rec.attempt,
-                                          outcome=FailureClass.LOST, error=LOST_ERROR))
+                                          outcome=Outcome.LOST, error=LOST_ERROR))
     return _drive(layout, manifest, settings, ledger, redactor, hooks)
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.errors import LedgerError
-from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.failures import FailureClass, NodeStatus, Outcome, RunStatus
 from runtime.files import replace_atomically
 from runtime.run.events import (
     AttemptFinished,
@@ -55,7 +55,7 @@ class AttemptRecord(BaseModel):
     attempt: int
     profile: str
     trigger: Literal["initial", "retry"]
-    outcome: Literal["succeeded"] | FailureClass | None = None
+    outcome: Outcome | None = None
     exit_code: int | None = None
     error: str = ""
     summary: str = ""
@@ -69,15 +69,14 @@ class AttemptRecord(BaseModel):
 
 def charged_attempts(attempts: Iterable[AttemptRecord]) -> int:
     """Finished attempts that count against ``max_attempts``."""
-    return sum(1 for a in attempts if a.outcome is not None
-               and (a.outcome == "succeeded" or FailureClass(a.outcome).is_charged()))
+    return sum(1 for a in attempts if a.outcome is not None and a.outcome.is_charged())
 
 
 def consecutive_lost(attempts: Iterable[AttemptRecord]) -> int:
     """How many of the latest finished attempts were lost, in a row."""
     count = 0
     for a in reversed([a for a in attempts if a.outcome is not None]):
-        if a.outcome != FailureClass.LOST:
+        if a.outcome is not Outcome.LOST:
             break
         count += 1
     return count
@@ -121,7 +120,7 @@ class NodeState(BaseModel):
     @property
     def last_failure(self) -> AttemptRecord | None:
         """The latest finished attempt that did not succeed, or None."""
-        failed = [a for a in self.attempts if a.outcome not in (None, "succeeded")]
+        failed = [a for a in self.attempts if a.outcome not in (None, Outcome.SUCCEEDED)]
         return failed[-1] if failed else None
 
     def unfinished(self) -> list[AttemptRecord]:
