@@ -21,6 +21,7 @@ from runtime.prompt.redact import Redactor
 from runtime.report.diagram import BOX_H, BOX_W, Diagram, layout
 from runtime.report.findings import dag_order
 from runtime.report.html import CSP, STATUS_STYLE, render_batch_report, render_run_report
+from runtime.run.events import AttemptStarted, read_events
 from runtime.run.read import load_run
 from tests.agent_scripts import HOSTILE_MARKUP
 from tests.conftest import REPO, Project, make_topology, python_agents, run_topology
@@ -369,3 +370,16 @@ def test_findings_table_is_bounded_most_severe_first() -> None:
                      False, 2))
     assert html.count('class="finding"') == 2
     assert 'id="findings-more">1 more' in html
+
+
+def test_report_shows_what_the_ledger_says_not_a_forged_attempt_record(run_dir: Path) -> None:
+    """attempt.json is reachable by an unsandboxed agent; the report reads the ledger instead."""
+    record = run_dir / "nodes" / "b" / "attempts" / "2" / "attempt.json"
+    real = next(e for e in read_events(run_dir / "ledger.jsonl")
+                if isinstance(e, AttemptStarted) and (e.node, e.attempt) == ("b", 2))
+    assert real.preamble_digest is not None  # b retried with feedback: its preamble is shown
+    record.chmod(0o644)
+    record.write_text(record.read_text().replace(real.preamble_digest, "f0f0" * 16))
+    html = render_run_report(run_dir).read_text()
+    assert "f0f0f0f0" not in html
+    assert real.preamble_digest[:16] in html

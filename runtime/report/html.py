@@ -27,15 +27,13 @@ from urllib.parse import quote
 
 import jinja2
 
-from runtime.errors import RecordError
 from runtime.files import replace_atomically, within
 from runtime.plan.manifest import Manifest
 from runtime.prompt.assemble import SECTION_SEPARATOR
 from runtime.report.diagram import Diagram, layout
 from runtime.report.findings import Finding, count_levels, dag_order, merge, run_findings
-from runtime.run.events import AttemptStarted, RunFinished, RunStarted, read_events
+from runtime.run.events import AttemptStarted, Event, RunFinished, RunStarted, read_events
 from runtime.run.read import load_run
-from runtime.run.records import AttemptContext, read_attempt_context
 from runtime.run.state import NodeState, RunState
 from runtime.run.summary import BatchEntry, BatchSummary
 
@@ -159,7 +157,7 @@ def _note(ns: NodeState, state: RunState) -> str:
 
 # PLR0913: Private view builder: the run's loaded parts, read once by the caller.
 def _node_view(run_dir: Path, manifest: Manifest, state: RunState, nid: str,  # noqa: PLR0913
-               starts: dict[tuple[str, int], float], findings: int) -> NodeView:
+               starts: dict[tuple[str, int], AttemptStarted], findings: int) -> NodeView:
     pn, ns = manifest.nodes[nid], state.nodes[nid]
     attempts = _attempt_views(run_dir, nid, ns, starts)
     status = _display_status(ns)
@@ -185,29 +183,31 @@ def _node_view(run_dir: Path, manifest: Manifest, state: RunState, nid: str,  # 
 
 
 def _attempt_views(run_dir: Path, nid: str, ns: NodeState,
-                   starts: dict[tuple[str, int], float]) -> list[AttemptView]:
+                   starts: dict[tuple[str, int], AttemptStarted]) -> list[AttemptView]:
+    """Each attempt as the ledger recorded it (never ``attempt.json``, which an agent can reach).
+
+    The prompts are read only to show what changed: a node with one attempt has no diff
+    and no preamble, so its prompt files are linked, not read.
+    """
     views: list[AttemptView] = []
+    retried = len(ns.attempts) > 1
     first_prompt: str | None = None
-    plan_prompt = _read(run_dir / "nodes" / nid / "prompt.rendered.md")
+    plan_prompt = _read(run_dir / "nodes" / nid / "prompt.rendered.md") if retried else None
     for rec in ns.attempts:
         adir = run_dir / "nodes" / nid / "attempts" / str(rec.attempt)
-        prompt = _read(adir / "prompt.md")
+        prompt = _read(adir / "prompt.md") if retried else None
         first_prompt = prompt if first_prompt is None else first_prompt
-        try:
-            ctx: AttemptContext | None = read_attempt_context(adir)
-        except RecordError:  # the report still shows what the ledger says
-            ctx = None
+        start = starts.get((nid, rec.attempt))
         outcome = rec.outcome or "unfinished"
         view = AttemptView(
             number=rec.attempt, profile=rec.profile, outcome=str(outcome),
-            failure=outcome != "succeeded",
-            started=ctx.started_at if ctx else starts.get((nid, rec.attempt)),
+            failure=outcome != "succeeded", started=start.ts if start else None,
             duration=rec.duration_s, exit_code=rec.exit_code, summary=rec.summary,
-            error=rec.error, prompt_digest=ctx.prompt_digest if ctx else "",
+            error=rec.error, prompt_digest=start.prompt_digest if start else "",
             links=[(name, href) for name in ATTEMPT_FILES
                    if (href := _href(run_dir, adir / name)) is not None])
-        if ctx is not None and ctx.preamble_digest:
-            view.preamble_digest = ctx.preamble_digest
+        if start is not None and start.preamble_digest:
+            view.preamble_digest = start.preamble_digest
             view.preamble = _preamble(prompt, first_prompt, plan_prompt)
         if rec.attempt != ns.attempts[0].attempt and prompt is not None:
             view.diff = _diff(first_prompt or "", prompt)
@@ -252,7 +252,7 @@ class RunTimes:
     """When the run and each attempt started, from the ledger's timestamps."""
     started: float | None
     finished: float | None
-    attempt_starts: dict[tuple[str, int], float]
+    attempts: dict[tuple[str, int], AttemptStarted]  # (node, attempt) -> its start event
 
     @property
     def duration(self) -> float | None:
@@ -260,13 +260,12 @@ class RunTimes:
         return self.finished - self.started if self.started and self.finished else None
 
 
-def run_times(run_dir: Path) -> RunTimes:
-    """When the run started and last finished, and when each attempt started (ledger)."""
-    events = read_events(run_dir / "ledger.jsonl")
+def run_times(events: list[Event]) -> RunTimes:
+    """When the run started and last finished, and how each attempt started (ledger)."""
     started = next((e.ts for e in events if isinstance(e, RunStarted)), None)
     finished = next((e.ts for e in reversed(events) if isinstance(e, RunFinished)), None)
-    starts = {(e.node, e.attempt): e.ts for e in events if isinstance(e, AttemptStarted)}
-    return RunTimes(started=started, finished=finished, attempt_starts=starts)
+    starts = {(e.node, e.attempt): e for e in events if isinstance(e, AttemptStarted)}
+    return RunTimes(started=started, finished=finished, attempts=starts)
 
 
 def _diagram_nodes(views: list[NodeView]) -> dict[str, dict[str, str]]:
@@ -286,11 +285,12 @@ def _diagram_nodes(views: list[NodeView]) -> dict[str, dict[str, str]]:
 
 def render_run_report(run_dir: Path) -> Path:
     """Write ``run_dir/report.html``; return its path."""
-    manifest, state = load_run(run_dir)
-    times = run_times(run_dir)
+    events = read_events(run_dir / "ledger.jsonl")
+    manifest, state = load_run(run_dir, events=events)
+    times = run_times(events)
     found = run_findings(run_dir, loaded=(manifest, state))
     per_node = {nid: sum(1 for f in found.findings if f.node == nid) for nid in state.nodes}
-    views = [_node_view(run_dir, manifest, state, nid, times.attempt_starts, per_node[nid])
+    views = [_node_view(run_dir, manifest, state, nid, times.attempts, per_node[nid])
              for nid in dag_order(manifest)]
     diagram: Diagram = layout(manifest.dag())
     html = _env().get_template("run.html.j2").render(
@@ -343,8 +343,9 @@ def _entry_view(batch_dir: Path, runs_root: Path, entry: BatchEntry) -> EntryVie
     failures: list[tuple[str, str, str]] = []
     times = RunTimes(None, None, {})
     if run_dir is not None and (run_dir / "ledger.jsonl").is_file():
-        manifest, state = load_run(run_dir)
-        times = run_times(run_dir)
+        events = read_events(run_dir / "ledger.jsonl")
+        manifest, state = load_run(run_dir, events=events)
+        times = run_times(events)
         counts = _status_counts(state)
         for nid in dag_order(manifest):
             ns = state.nodes[nid]

@@ -11,7 +11,7 @@ from pathlib import Path
 from runtime.digest import blake3_hex
 from runtime.errors import LedgerError, PlanIntegrityError, UsageError
 from runtime.plan.manifest import MANIFEST_NAME, Manifest, read_manifest
-from runtime.run.events import RunStarted, read_events
+from runtime.run.events import Event, RunStarted, read_events
 from runtime.run.state import RunState, fold
 
 
@@ -27,9 +27,15 @@ def resolve_run_dir(run: str, artifacts: Path) -> Path:
                      f"under {artifacts / 'runs'}")
 
 
-def load_run(run_dir: Path) -> tuple[Manifest, RunState]:
-    """Load a run's manifest and its state folded from the ledger (the read side of a run)."""
-    events = read_events(run_dir / "ledger.jsonl")
+def load_run(run_dir: Path, *, events: list[Event] | None = None,
+             ) -> tuple[Manifest, RunState]:
+    """Load a run's manifest and its state folded from the ledger (the read side of a run).
+
+    ``events``: the ledger as the caller already read it (``read_events``), so a reader
+    that also needs the events themselves reads the ledger once.
+    """
+    if events is None:
+        events = read_events(run_dir / "ledger.jsonl")
     manifest, raw = read_manifest(run_dir)
     starts = [e for e in events if isinstance(e, RunStarted)]
     if not starts:
