@@ -11,7 +11,7 @@ import os
 import re
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from runtime.digest import blake3_hex
@@ -35,6 +35,10 @@ def check_run_id(run_id: str) -> str:
 class RunLayout:
     """Where each file of the run at ``root`` lives (DESIGN section 5)."""
     root: Path
+    # node -> its directory: a run asks for each node's paths a dozen times per attempt,
+    # and building a Path is a noticeable share of a short attempt's cost.
+    _node_dirs: dict[str, Path] = field(default_factory=dict, init=False, repr=False,
+                                        compare=False)
 
     @property
     def plan_json(self) -> Path:
@@ -67,7 +71,10 @@ class RunLayout:
 
     def node_dir(self, node: str) -> Path:
         """Everything of one node."""
-        return self.root / "nodes" / node
+        found = self._node_dirs.get(node)
+        if found is None:
+            found = self._node_dirs[node] = self.root / "nodes" / node
+        return found
 
     def prompt_rendered(self, node: str) -> Path:
         """The node's prompt as planned, before any retry preamble."""
