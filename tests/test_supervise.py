@@ -103,3 +103,14 @@ def test_an_orphan_holding_the_pipes_does_not_hold_the_loop(
     finally:
         orphan = int(leaving.out.head.split()[0])
         os.kill(orphan, signal.SIGKILL)
+
+
+def test_closing_the_supervisor_kills_what_still_runs(tmp_path: Path) -> None:
+    """A loop that leaves early (an exception) leaves no agent behind."""
+    procs = [_Proc(tmp_path, f"p{i}", "sleep 30") for i in range(2)]
+    with Supervisor() as sup:
+        for p in procs:
+            sup.add(p.running)
+        sup.poll(0.05)
+    assert all(_gone(p.running.proc.pid) for p in procs)
+    assert [p.exits for p in procs] == [1, 1]

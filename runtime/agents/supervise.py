@@ -161,6 +161,16 @@ class Running:
         self._exited = True
         self._on_exit()
 
+    def kill(self) -> None:
+        """End the process now (its supervisor is going away): SIGKILL its group, reap it."""
+        if self._exited:
+            return
+        _killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.code = self.proc.wait(timeout=KILL_GRACE_S)
+        self._exited = True
+        self._on_exit()
+
     def close(self, sel: selectors.BaseSelector | None = None) -> None:
         """Forget this process in ``sel`` and close its descriptors."""
         for fileobj in [s for s, _, _ in self._streams] + ([self.pidfd] if self.pidfd >= 0
@@ -241,8 +251,13 @@ class Supervisor:
         return [r for r in self._running if r.done]
 
     def close(self) -> None:
-        """Close every descriptor (processes still running are the caller's to end first)."""
+        """Kill what is still running and close every descriptor.
+
+        A caller leaves with processes running only when something went wrong (an
+        exception out of its loop): no agent outlives its supervisor.
+        """
         for r in self._running:
+            r.kill()
             r.close(self._sel)
         self._running.clear()
         self._sel.close()
