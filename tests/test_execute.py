@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -8,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from runtime.errors import FatalRunError
 from runtime.failures import FailureClass, NodeStatus, Outcome, RunStatus
 from runtime.run.events import Event, read_events
 from runtime.run.records import AttemptContext
@@ -250,3 +252,37 @@ def test_a_key_longer_than_the_error_tail_reaches_no_record(project: Project) ->
         assert "fatal: bad key" in text or path.name == "state.json"
         leaked = [line for line in body if line in text or line[:20] in text]
         assert leaked == [], f"{path.name} carries {len(leaked)} lines of the key body"
+
+
+def _running_with(token: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and token.encode() in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.parametrize(("errno_", "fatal"), [(errno.EACCES, False), (errno.ENOSPC, True)])
+def test_a_leader_that_cannot_be_recorded_is_not_left_running(
+        project: Project, monkeypatch: pytest.MonkeyPatch, errno_: int, fatal: bool) -> None:
+    """The agent started but its crash record could not be written: it is killed at once."""
+    token = f"29.{errno_}1357"  # a sleep no other test runs
+    topo = make_topology({"a": []})
+    topo["agents"] = {"nap": {"kind": "command", "sandbox": False, "argv": ["sleep", token]}}
+    topo["defaults"] = {"agent": "nap", "max_attempts": 1}
+
+    def refuse(*_: object, **__: object) -> None:
+        raise OSError(errno_, os.strerror(errno_))
+
+    monkeypatch.setattr("runtime.agents.procs.record_leader", refuse)
+    if fatal:  # the run's records cannot be written: the run stops, resumable
+        with pytest.raises(FatalRunError, match="No space left"):
+            run_topology(project, topo)
+    else:
+        result = run_topology(project, topo)
+        assert result.state.nodes["a"].failure is FailureClass.LAUNCH_ERROR
+        assert "Permission denied" in result.state.nodes["a"].attempts[0].error
+    assert _running_with(token) == []

@@ -150,10 +150,17 @@ class CommandAgent:
         except OSError as exc:
             return AgentExit(launch_error=f"{self.profile.argv[0]}: {exc.strerror or exc}")
         leader = procs.stat(proc.pid)
-        if inv.leader_log is not None and leader is not None:
-            procs.record_leader(inv.leader_log, proc.pid, leader.start,
-                                sandboxed=self.profile.sandbox is not False, node=inv.node,
-                                attempt=inv.attempt)
+        try:
+            if inv.leader_log is not None and leader is not None:
+                procs.record_leader(inv.leader_log, proc.pid, leader.start,
+                                    sandboxed=self.profile.sandbox is not False,
+                                    node=inv.node, attempt=inv.attempt)
+        except BaseException:  # (a full disk): the agent must not run on unsupervised
+            _end_attempt(proc, leader, time.monotonic() - started)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+            raise
         ended = False
 
         def end() -> None:  # at the leader's exit, and again (a no-op then) at the end

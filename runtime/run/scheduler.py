@@ -216,8 +216,15 @@ class Scheduler:
 
     def _start_agent(self, nid: str, launch: Launch) -> None:
         engine = self.ctx.engine
-        started = engine.start(launch.request, launch.site) \
-            if isinstance(engine, LocalEngine) else None
+        try:
+            started = engine.start(launch.request, launch.site) \
+                if isinstance(engine, LocalEngine) else None
+        except FatalRunError as exc:
+            self._stop_fatal(nid, exc)
+            return
+        except Exception as exc:  # noqa: BLE001 - recorded (a full disk stops the run)
+            self._complete(nid, exc)
+            return
         if started is None:  # an agent that blocks (or a remote engine): on a thread
             fut = self._pool.submit(engine.run, launch.request, launch.site)
             fut.add_done_callback(functools.partial(self._thread_done, nid))
