@@ -9,9 +9,13 @@ is a large share of a short attempt's cost).
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 from pathlib import Path
 from typing import IO
+
+log = logging.getLogger(__name__)
 
 DEFAULT_HEAD = 64 * 1024
 DEFAULT_TAIL = 64 * 1024
@@ -30,6 +34,23 @@ class BoundedCapture:
         self.dropped = 0
         self._lock = threading.Lock()
         self._closed = False
+        self._failed = False
+
+    def _open(self) -> IO[bytes] | None:
+        """Create the log, never through a link; None if it cannot be (the capture goes on).
+
+        An unsandboxed agent can plant a link, a directory or a FIFO at the log's path, and
+        the runtime can run out of descriptors: neither may stop the agent's supervision.
+        """
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                         | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            self._failed = True
+            log.warning("%s: cannot be written (%s); the output is kept in memory only",
+                        self.path, exc.strerror or exc)
+            return None
+        return os.fdopen(fd, "wb")
 
     def write(self, data: bytes | str) -> None:
         """Record ``data``: the head goes to the file at once, the rest to a rolling tail."""
@@ -41,9 +62,10 @@ class BoundedCapture:
             if room > 0 and data:
                 part = data[:room]
                 self._head += part
-                if self._file is None:
-                    self._file = self.path.open("wb")
-                self._file.write(part)
+                if self._file is None and not self._failed:
+                    self._file = self._open()
+                if self._file is not None:
+                    self._file.write(part)
                 data = data[room:]
             if data:
                 self._tail += data
@@ -63,8 +85,10 @@ class BoundedCapture:
             self._closed = True
             if self._file is None and not self._tail:
                 return  # nothing was written: no file
-            if self._file is None:  # head 0: only a tail
-                self._file = self.path.open("wb")
+            if self._file is None and not self._failed:  # head 0: only a tail
+                self._file = self._open()
+            if self._file is None:
+                return  # the log could not be opened: the captured bytes stay in memory
             if self.dropped:
                 self._file.write(f"\n[... {self.dropped} bytes dropped ...]\n".encode())
             self._file.write(self._tail)

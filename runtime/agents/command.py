@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -41,7 +42,10 @@ from runtime.agents.base import AgentExit, Invocation
 from runtime.agents.capture import DEFAULT_HEAD, DEFAULT_TAIL
 from runtime.agents.recognise import kind_of, read_command
 from runtime.agents.supervise import KILL_GRACE_S, Running, supervise
+from runtime.files import UnsafeFileError, open_no_follow, within
 from runtime.plan.profiles import CommandProfile, SandboxSettings
+
+log = logging.getLogger(__name__)
 
 ENV_ALLOW = ("PATH", "HOME", "LANG", "TMPDIR", "TERM")
 READ_LIMIT = DEFAULT_HEAD + DEFAULT_TAIL  # all of stderr the capture kept
@@ -193,12 +197,21 @@ class CommandAgent:
 
     def _reported(self, inv: Invocation) -> str | None:
         if self.profile.error_file:
-            path = inv.workspace / self.profile.error_file
-            if path.is_file():
-                with path.open("rb") as fh:
+            name = self.profile.error_file
+            path = inv.workspace / name
+            if os.path.lexists(path):
+                # Read from outside the sandbox: never through a link (it could point at
+                # the hidden artifacts root), never a FIFO, only inside the workspace.
+                if within(inv.workspace, name) != os.path.join(
+                        os.path.realpath(inv.workspace), os.path.normpath(name)):
+                    return f"{name} present (a link or outside the workspace: not read)"
+                try:
+                    fd = open_no_follow(path)
+                except (OSError, UnsafeFileError):
+                    return f"{name} present (not a regular file: not read)"
+                with os.fdopen(fd, "rb") as fh:
                     text = fh.read(4096).decode("utf-8", "replace").strip()
-                return f"{self.profile.error_file}: {text}" if text else \
-                    f"{self.profile.error_file} present"
+                return f"{name}: {text}" if text else f"{name} present"
         if self.profile.result_json:
             return _json_result_error(inv.stdout.head)
         return None
@@ -276,7 +289,11 @@ def _end_attempt(proc: subprocess.Popen[bytes], leader: procs.Proc | None,
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=KILL_GRACE_S)
     if leader is not None:
-        procs.kill_descendants(proc.pid, leader.start, scan_all=elapsed > SHORT_ATTEMPT_S)
+        try:
+            procs.kill_descendants(proc.pid, leader.start, scan_all=elapsed > SHORT_ATTEMPT_S)
+        except OSError as exc:  # out of descriptors: /proc cannot be listed right now
+            log.warning("agent %d: its descendants could not be looked for (%s); its "
+                        "process group was killed", proc.pid, exc.strerror or exc)
 
 
 def _json_result_error(stdout: bytes) -> str | None:

@@ -13,6 +13,7 @@ that want a blocking agent.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import selectors
 import signal
@@ -21,6 +22,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Protocol
+
+log = logging.getLogger(__name__)
 
 KILL_GRACE_S = 2.0
 POLL_S = 0.2  # how soon a cancellation set from another thread or a signal is noticed
@@ -257,7 +260,10 @@ class Supervisor:
         exception out of its loop): no agent outlives its supervisor.
         """
         for r in self._running:
-            r.kill()
+            try:
+                r.kill()
+            except OSError as exc:  # (out of descriptors): its group has had SIGKILL
+                log.warning("cleaning up agent %d: %s", r.proc.pid, exc)
             r.close(self._sel)
         self._running.clear()
         self._sel.close()

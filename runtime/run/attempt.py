@@ -104,6 +104,7 @@ class Attempt:
         self._where: AgentOutcome | None = None  # the engine's report: where it ran
         self._context_bytes = b""
         self._context_fd: int | None = None  # attempt.json, kept open for the final record
+        self._records_optional = False  # set once the attempt ends early
 
     def run(self) -> AttemptRecord:
         """Run the attempt on the run's engine, blocking, and return the record it wrote.
@@ -159,6 +160,9 @@ class Attempt:
                                    f"{type(exc).__name__}: {exc}")
 
     def _end_early(self, failure: FailureClass, error: str) -> AttemptRecord:
+        # The attempt's own files may be what failed (an unsandboxed agent can turn
+        # attempt.json into a directory): the ledger still records how it ended.
+        self._records_optional = True
         if not self._started:
             self._start(prompt_digest=self._prompt_digest or "0" * 64, preamble=None)
         return self._finish(failure, None, error, AcceptanceSummary(), 0, 0, {})
@@ -235,6 +239,15 @@ class Attempt:
                              network=profile.sandbox.network)
 
     def _write_context(self, ctx: AttemptContext) -> None:
+        try:
+            self._write_context_file(ctx)
+        except OSError as exc:
+            if not self._records_optional or exc.errno in FATAL_ERRNOS:
+                raise
+            log.warning("attempt %s/%d: attempt.json cannot be written (%s); the ledger "
+                        "records the attempt", self.spec.node_id, self.spec.number, exc)
+
+    def _write_context_file(self, ctx: AttemptContext) -> None:
         data = (ctx.model_dump_json(indent=2) + "\n").encode()
         path = self.dir / "attempt.json"
         if not self._started:  # the directory was just claimed: create in place

@@ -126,31 +126,41 @@ class Scheduler:
         self._skip_blocked_at_start()
         with Supervisor() as self._sup, ThreadPoolExecutor(
                 max_workers=self.ctx.settings.jobs, thread_name_prefix="agent") as self._pool:
-            while True:
-                self._fill()
-                self._start_launches()
-                if not self._active:
-                    if self._ready() and not self.ctx.cancel.is_set():
-                        continue  # nodes settled without an agent released others
-                    break
-                try:
-                    done = self._sup.poll(self._next_wake())
-                except KeyboardInterrupt:
-                    log.warning("interrupted: stopping agents; the run stays resumable")
-                    self.ctx.cancel.set()
-                    continue
-                for process in done:
-                    nid, launched, launch = self._processes.pop(process)
-                    self._complete(nid, self._local_outcome(launched, launch))
-                while not self._threads_done.empty():
-                    nid, fut = self._threads_done.get()
-                    self._complete(nid, _thread_result(fut))
-                self._end_waits()
-                self._maybe_write_state()
+            try:
+                self._loop()
+            except BaseException:
+                # Leaving with agents on the pool's threads: cancel them, or the pool's exit
+                # waits for each to time out (an http agent: up to 1800 s).
+                self.ctx.cancel.set()
+                raise
         if self._fatal is not None:
             self._finish_after_fatal()
             raise self._fatal
         return self._finish()
+
+    def _loop(self) -> None:
+        """Until no node is active: start ready nodes, start agents, act on what happened."""
+        while True:
+            self._fill()
+            self._start_launches()
+            if not self._active:
+                if self._ready() and not self.ctx.cancel.is_set():
+                    continue  # nodes settled without an agent released others
+                break
+            try:
+                done = self._sup.poll(self._next_wake())
+            except KeyboardInterrupt:
+                log.warning("interrupted: stopping agents; the run stays resumable")
+                self.ctx.cancel.set()
+                continue
+            for process in done:
+                nid, launched, launch = self._processes.pop(process)
+                self._complete(nid, self._local_outcome(launched, launch))
+            while not self._threads_done.empty():
+                nid, fut = self._threads_done.get()
+                self._complete(nid, _thread_result(fut))
+            self._end_waits()
+            self._maybe_write_state()
 
     def _fill(self) -> None:
         """Start ready nodes while fewer than ``jobs`` are active (none after a cancel)."""
@@ -259,6 +269,12 @@ class Scheduler:
         except FatalRunError as exc:
             self._stop_fatal(nid, exc)
             return
+        except Exception as exc:  # a bug (or a record an agent broke) stays at its node
+            log.exception("recording %s's attempt failed", nid)
+            del self._active[nid]
+            self._settle(nid, NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
+                                          f"runtime error: {type(exc).__name__}: {exc}"))
+            return
         act.executor.record(record)
         self._advance(nid)
 
@@ -322,8 +338,17 @@ class Scheduler:
         return status
 
     def _maybe_write_state(self) -> None:
+        """Refresh ``state.json`` now and then; a failure waits for the next refresh.
+
+        It is a view derived from the ledger: a full disk or a lack of descriptors must
+        not stop the run over it (the final write, after the run, still reports them).
+        """
         if time.monotonic() - self._state_written >= STATE_INTERVAL_S:
-            self.write_state()
+            try:
+                self.write_state()
+            except OSError as exc:
+                self._state_written = time.monotonic()
+                log.warning("state.json not refreshed: %s", exc)
 
     def write_state(self) -> None:
         """Fold the events appended since the last write and rewrite ``state.json``."""
