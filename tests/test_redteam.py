@@ -53,6 +53,47 @@ def test_agent_replacing_its_attempt_json_with_a_directory_does_not_crash_the_ru
     assert isinstance(events[-1], RunFinished)
 
 
+_SARIF_WRITER = r'''
+import json
+res = [{"ruleId": f"R{i % 50}", "level": "warning", "message": {"text": "x" * 40},
+        "locations": [{"physicalLocation": {"artifactLocation": {"uri": f"src/f{i}.c"},
+                                             "region": {"startLine": i % 1000 + 1}}}]}
+       for i in range(30000)]
+json.dump({"version": "2.1.0", "runs": [{"tool": {"driver": {"name": "t"}}, "results": res}]},
+          open("f.sarif", "w"))
+'''
+
+
+def test_validating_one_agents_artifact_does_not_hold_up_another_agents_timeout(
+        tmp_path: Path) -> None:
+    """A big (but allowed: under 10 MiB) SARIF artifact must not stall every other agent's timeout.
+
+    Recording an attempt (here ~7 s of SARIF schema validation for 30,000 results, 5 MB)
+    runs on a step thread: on the loop's thread no other agent's timeout, cancellation or
+    kill escalation was acted on meanwhile, and the sleeper below, with a 2 s timeout, was
+    recorded after ~8 s.
+    """
+    import sys
+
+    project = _project(tmp_path)
+    (tmp_path / "w.py").write_text(_SARIF_WRITER)
+    big = _script(tmp_path / "big.sh", f"exec {sys.executable} {tmp_path / 'w.py'}\n")
+    slow = _script(tmp_path / "slow.sh", "exec sleep 60\n")
+    topo: dict[str, Any] = make_topology({"big": [], "slow": []})
+    topo["agents"] = {
+        "big": {"kind": "command", "argv": [big], "sandbox": False},
+        "slow": {"kind": "command", "argv": [slow], "sandbox": False}}
+    topo["defaults"] = {"agent": "slow", "max_attempts": 1}
+    topo["nodes"][0].update(agent="big", artifacts=[{"path": "f.sarif", "kind": "sarif"}])
+    topo["nodes"][1].update(timeout_s=2)
+    result = run_topology(project, topo, jobs=2)
+    events = read_events(result.run_dir / "ledger.jsonl")
+    finished = {e.node: e for e in events if isinstance(e, AttemptFinished)}
+    assert finished["big"].outcome.value == "succeeded"
+    assert finished["slow"].outcome.value == "agent_timeout"
+    assert finished["slow"].duration_s < 5.0, finished["slow"].duration_s  # not ~8
+
+
 class _Crash(BaseException):
     """Stands for anything that escapes the scheduler's loop."""
 

@@ -1,13 +1,14 @@
 """The DAG: readiness, bounded concurrency, skip propagation, cancellation.
 
-One thread runs the run: ready nodes (every upstream succeeded) become active, up to
+One loop runs the run: ready nodes (every upstream succeeded) become active, up to
 ``jobs`` at a time, in a deterministic order; each active node is a ``NodeExecutor`` asked
-for its next action (an attempt, a wait, its outcome). Attempts are prepared and recorded
-on this thread, and their agents' processes are supervised by one ``Supervisor`` selector
-loop (pidfds and pipes), not by a thread each. Agents that only run blocking (http,
-python, simulated) or on a remote engine (Ray) run on a pool of ``jobs`` threads that
-hand their outcome back to the loop. Each round's ledger events are made durable with
-one sync before any of the round's agents starts.
+for its next action (an attempt, a wait, its outcome). That step (recording the finished
+attempt, preparing the next) runs on a step thread, one at a time per node, so a slow
+record (a large SARIF artifact to validate) never holds up another agent's timeout. The
+agents' processes are supervised by one ``Supervisor`` selector loop (pidfds and pipes)
+on the loop's thread, not by a thread each. Agents that only run blocking (http, python,
+simulated) or on a remote engine (Ray) run on a pool of ``jobs`` threads. Each round's
+ledger events are made durable with one sync before any of the round's agents starts.
 
 A failed node's descendants are skipped at once, naming the failed ancestor; independent
 branches keep running. Ctrl-C (or SIGTERM, via the cancel event) stops launching,
@@ -51,6 +52,12 @@ class _Active:
     executor: NodeExecutor
     flight: tuple[Attempt, Launch] | None = None  # the attempt whose agent is running
     wake_at: float | None = None  # time.monotonic() at which its wait ends
+
+
+# A finished attempt to record: the attempt, its launch, what its engine observed.
+_Finished = tuple[Attempt, Launch, AgentOutcome | Exception]
+# What a node's step comes to: its outcome, a wait, an agent to start, or a fatal error.
+_Step = NodeOutcome | Wait | tuple[Attempt, Launch] | FatalRunError
 
 
 def _thread_result(fut: Future[AgentOutcome]) -> AgentOutcome | Exception:
@@ -97,6 +104,7 @@ class Scheduler:
         self._processes: dict[Running, tuple[str, tuple[Started, float], Launch]] = {}
         self._threads_done: queue.SimpleQueue[tuple[str, Future[AgentOutcome]]] = \
             queue.SimpleQueue()
+        self._steps_done: queue.SimpleQueue[tuple[str, Future[_Step]]] = queue.SimpleQueue()
 
     def _ready(self) -> list[str]:
         return [n for n in self.ready if self.status[n] is NodeStatus.PENDING]
@@ -124,8 +132,10 @@ class Scheduler:
     def run(self) -> RunStatus:
         """Run every node that can run, skip those that cannot, and return the run's status."""
         self._skip_blocked_at_start()
-        with Supervisor() as self._sup, ThreadPoolExecutor(
-                max_workers=self.ctx.settings.jobs, thread_name_prefix="agent") as self._pool:
+        jobs = self.ctx.settings.jobs
+        with Supervisor() as self._sup, \
+                ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="agent") as self._pool, \
+                ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="step") as self._steps:
             try:
                 self._loop()
             except BaseException:
@@ -159,6 +169,9 @@ class Scheduler:
             while not self._threads_done.empty():
                 nid, fut = self._threads_done.get()
                 self._complete(nid, _thread_result(fut))
+            while not self._steps_done.empty():
+                nid, step = self._steps_done.get()
+                self._apply_step(nid, step.result())  # re-raises what _step let through
             self._end_waits()
             self._maybe_write_state()
 
@@ -174,35 +187,61 @@ class Scheduler:
             self._active[nid] = _Active(NodeExecutor(self.ctx, nid, self.history[nid]))
             self._advance(nid)
 
-    def _advance(self, nid: str) -> None:
-        """Ask the node what comes next, until it waits, has an attempt to start, or ends."""
-        act = self._active[nid]
-        while True:
-            try:
+    def _advance(self, nid: str, finished: _Finished | None = None) -> None:
+        """Move a node on, on a step thread: record its finished attempt, find its next action.
+
+        Recording an attempt can take seconds (validating a large SARIF artifact, emptying
+        a workspace of 200,000 files); on the loop's thread it would hold up every other
+        agent's timeout and cancellation. One step at a time per node.
+        """
+        fut = self._steps.submit(self._step, self._active[nid], finished)
+        fut.add_done_callback(functools.partial(self._stepped, nid))
+
+    def _stepped(self, nid: str, fut: Future[_Step]) -> None:
+        """Called on the step's thread: hand it to the loop and wake it (whatever it raised)."""
+        self._steps_done.put((nid, fut))
+        self._sup.wake()
+
+    def _step(self, act: _Active, finished: _Finished | None) -> _Step:
+        """Record ``finished``, then ask the node until it waits, has an agent to start or ends.
+
+        Touches only the node's executor and attempts (the ledger is thread-safe). A
+        ``FatalRunError`` is returned for the loop to stop the run; any other exception is
+        the node's bug and fails the node.
+        """
+        try:
+            if finished is not None:
+                done, launched, outcome = finished
+                act.executor.record(done.complete(launched, outcome))
+            while True:
                 action = act.executor.next_action()
-                if isinstance(action, AttemptSpec):
-                    attempt = Attempt(self.ctx, action)
-                    launch = attempt.prepare(sync=False)  # synced with the round, below
-            except FatalRunError as exc:
-                self._stop_fatal(nid, exc)
-                return
-            except Exception as exc:  # a bug stays at its node: the rest goes on
-                log.exception("node executor failed")
-                action = NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
-                                     f"runtime error: {type(exc).__name__}: {exc}")
-            if isinstance(action, NodeOutcome):
-                del self._active[nid]
-                self._settle(nid, action)
-                return
-            if isinstance(action, Wait):
-                act.wake_at = time.monotonic() + action.seconds
-                return
-            if isinstance(launch, AttemptRecord):  # ended before its agent started
-                act.executor.record(launch)
-                continue
-            act.flight = (attempt, launch)
+                if not isinstance(action, AttemptSpec):
+                    return action
+                attempt = Attempt(self.ctx, action)
+                prepared = attempt.prepare(sync=False)  # synced with the round, by the loop
+                if isinstance(prepared, AttemptRecord):  # ended before its agent started
+                    act.executor.record(prepared)
+                    continue
+                return attempt, prepared
+        except FatalRunError as exc:
+            return exc
+        except Exception as exc:  # a bug (or a record an agent broke) stays at its node
+            log.exception("node %s failed in the runtime", act.executor.node_id)
+            return NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
+                               f"runtime error: {type(exc).__name__}: {exc}")
+
+    def _apply_step(self, nid: str, step: _Step) -> None:
+        """On the loop: act on what a node's step came to."""
+        if isinstance(step, FatalRunError):
+            self._stop_fatal(nid, step)
+        elif isinstance(step, NodeOutcome):
+            del self._active[nid]
+            self._settle(nid, step)
+        elif isinstance(step, Wait):
+            self._active[nid].wake_at = time.monotonic() + step.seconds
+        else:
+            self._active[nid].flight = step
             self._launches.append(nid)
-            return
 
     def _start_launches(self) -> None:
         """Make this round's events durable with one sync, then start the prepared agents.
@@ -264,19 +303,7 @@ class Scheduler:
             return  # not in flight (cannot happen: every outcome belongs to a flight)
         attempt, launch = act.flight
         act.flight = None
-        try:
-            record = attempt.complete(launch, outcome)
-        except FatalRunError as exc:
-            self._stop_fatal(nid, exc)
-            return
-        except Exception as exc:  # a bug (or a record an agent broke) stays at its node
-            log.exception("recording %s's attempt failed", nid)
-            del self._active[nid]
-            self._settle(nid, NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
-                                          f"runtime error: {type(exc).__name__}: {exc}"))
-            return
-        act.executor.record(record)
-        self._advance(nid)
+        self._advance(nid, (attempt, launch, outcome))
 
     def _end_waits(self) -> None:
         now, cancelled = time.monotonic(), self.ctx.cancel.is_set()
