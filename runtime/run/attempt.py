@@ -151,7 +151,9 @@ class Attempt:
             if exc.errno in FATAL_ERRNOS:
                 raise FatalRunError(self.dir, f"cannot write the run's records: "
                                     f"{exc.strerror}") from None
-            log.exception("attempt %s/%d: internal error", self.spec.node_id, self.spec.number)
+            # The environment (no descriptors left, a file an agent planted), not a bug:
+            # one line, no traceback; the attempt records the error.
+            log.warning("attempt %s/%d: %s", self.spec.node_id, self.spec.number, exc)
             return self._end_early(FailureClass.LAUNCH_ERROR, f"runtime error preparing or "
                                    f"recording the attempt: {type(exc).__name__}: {exc}")
         except Exception as exc:
