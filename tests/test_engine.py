@@ -175,7 +175,7 @@ def test_cancel_kills_the_ray_task_and_its_agent(project: Project, ray_engine: R
 def _running(pid: int) -> bool:
     try:
         return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, it was read
         return False
 
 

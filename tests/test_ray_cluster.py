@@ -101,7 +101,7 @@ def _attempts(project: Project, run_id: str) -> list[dict[str, Any]]:
 def _running(pid: int) -> bool:
     try:
         return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, it was read
         return False
 
 

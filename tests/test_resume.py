@@ -285,7 +285,7 @@ def test_two_resumes_at_once_run_each_node_once(tmp_path: Path) -> None:
     codes = sorted(code for code, _ in results)
     assert codes in ([0, 0], [0, 2])  # the second either finds the run done or in use
     if codes == [0, 2]:
-        assert any("is in use by pid" in err for code, err in results if code == 2)
+        assert any("is in use by pid" in err for code, err in results if code == 2), results
     events = read_events(run_dir / "ledger.jsonl")
     assert len([e for e in events if e.event == "node.succeeded"]) == 1
     seqs = [e.seq for e in events]
@@ -373,3 +373,43 @@ def test_a_link_planted_as_the_run_lock_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"cannot open the lock of run test-run"):
         resume_run(run_dir)
     assert target.read_text() == "keep\n"
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_at_once_and_the_run_stays_resumable(tmp_path: Path) -> None:
+    """The first Ctrl-C winds down (SIGTERM, a grace, SIGKILL); a second does not wait."""
+    project = Project(tmp_path / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task for {{ node.id }}.\n")
+    topo = make_topology({"a": []})
+    release = tmp_path / "release"
+    # Survives SIGTERM (it notes it and goes on), so a graceful cancel would wait the grace.
+    script = (f"trap 'touch got-term' TERM; echo $$ > pid; touch started; "
+              f"while [ ! -e {release} ]; do sleep 0.01; done; printf '{{}}' > a.json")
+    topo["agents"] = {"stubborn": {"kind": "command", "sandbox": False,
+                                   "argv": ["sh", "-c", script]}}
+    topo["defaults"] = {"agent": "stubborn"}
+    project.write_topology(topo)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", *project.cli("run", str(project.topology), "--run-id",
+                                                        "twice")],
+        cwd=project.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    ws = project.artifacts / "runs" / "twice" / "nodes" / "a" / "workspace"
+    _wait_for_file(ws / "started")
+    pid = int((ws / "pid").read_text())
+    proc.send_signal(signal.SIGINT)
+    _wait_for_file(ws / "got-term")  # the first Ctrl-C is being acted on
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    events = read_events(project.artifacts / "runs" / "twice" / "ledger.jsonl")
+    assert events[-1].event != "run.finished", err  # stopped, not wound down
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the agent did not outlive the runtime
+    release.touch()
+    result = resume_run(project.artifacts / "runs" / "twice")
+    assert result.status is RunStatus.SUCCEEDED
+    assert [x.outcome for x in result.state.nodes["a"].attempts] == [Outcome.LOST,
+                                                                     Outcome.SUCCEEDED]

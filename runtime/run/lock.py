@@ -11,10 +11,13 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from runtime.errors import InUseError, UsageError
+
+HOLDER_READS = 20  # 0.2 s at most to learn who holds a lock
 
 
 def lock_path(directory: Path) -> Path:
@@ -37,14 +40,20 @@ def hold(directory: Path, what: str) -> Iterator[None]:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise InUseError(what, _holder(fd)) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        mine = f"{os.getpid()}\n".encode()
+        os.pwrite(fd, mine, 0)  # then cut: the file is never empty while we hold it
+        os.ftruncate(fd, len(mine))
         yield
     finally:
         os.close(fd)  # releases the lock; the file stays (removing it would race)
 
 
 def _holder(fd: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).decode().strip() or "0") or None
+    """The holder's pid; it may have taken the lock a moment before writing it: re-read."""
+    for _ in range(HOLDER_READS):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(os.pread(fd, 32, 0).decode().strip() or "0")
+            if pid:
+                return pid
+        time.sleep(0.01)
     return None

@@ -160,6 +160,11 @@ class Scheduler:
             try:
                 done = self._sup.poll(self._next_wake())
             except KeyboardInterrupt:
+                if self.ctx.cancel.is_set():
+                    # A second Ctrl-C (the CLI turns the first into the cancel event):
+                    # stop now; every agent is killed on the way out, and the unfinished
+                    # attempts fold as lost on resume.
+                    raise
                 log.warning("interrupted: stopping agents; the run stays resumable")
                 self.ctx.cancel.set()
                 continue
