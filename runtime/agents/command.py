@@ -144,7 +144,7 @@ class CommandAgent:
         argv, env = launch
         stdin = subprocess.PIPE if self.profile.prompt_via == "stdin" else subprocess.DEVNULL
         procs.become_subreaper()
-        started = time.monotonic()
+        started_at, started = time.time(), time.monotonic()
         try:
             with procs.launch_lock:
                 proc = subprocess.Popen(
@@ -176,7 +176,7 @@ class CommandAgent:
         process = Running(proc, timeout_s=inv.timeout_s, cancel=inv.cancel, stdout=inv.stdout,
                           stderr=inv.stderr, on_exit=end,
                           stdin_data=inv.prompt.encode() if proc.stdin is not None else None)
-        return Started(self, inv, process, end)
+        return Started(self, inv, process, end, started_at)
 
     def _result(self, inv: Invocation, code: int | None, timed_out: bool,
                 cancelled: bool) -> AgentExit:
@@ -225,6 +225,7 @@ class Started:
     inv: Invocation
     process: Running
     end: Callable[[], None]
+    started_at: float  # wall clock, just before the launch
 
     def result(self) -> AgentExit:
         """The evidence, once ``process`` is done: nothing the agent started is left running."""

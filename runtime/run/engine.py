@@ -150,9 +150,8 @@ class LocalEngine:
         exit_ = make_agent(request.profile).run(_local_invocation(request, site))
         return self._outcome(exit_, site, started)
 
-    def start(self, request: AgentRequest, site: LocalSite,
-              ) -> tuple[Started, float] | AgentOutcome | None:
-        """Launch a command agent and hand back its process (and when it started).
+    def start(self, request: AgentRequest, site: LocalSite) -> Started | AgentOutcome | None:
+        """Launch a command agent and hand back its supervision (``Started.process``).
 
         An ``AgentOutcome`` when it could not be launched; None for an agent kind that
         only runs blocking (http, python, simulated): ``run`` it on a thread instead.
@@ -163,11 +162,11 @@ class LocalEngine:
         launched = CommandAgent(request.profile).start(_local_invocation(request, site))
         if isinstance(launched, AgentExit):
             return self._outcome(launched, site, started)
-        return launched, started
+        return launched
 
-    def outcome(self, launched: tuple[Started, float], site: LocalSite) -> AgentOutcome:
+    def outcome(self, launched: Started, site: LocalSite) -> AgentOutcome:
         """What ``start``'s agent did, once its process is done."""
-        return self._outcome(launched[0].result(), site, launched[1])
+        return self._outcome(launched.result(), site, launched.started_at)
 
     def _outcome(self, exit_: AgentExit, site: LocalSite, started: float) -> AgentOutcome:
         return AgentOutcome(exit=exit_, engine=self.name, host=_HOST, worker=f"pid {os.getpid()}",

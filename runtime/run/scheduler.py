@@ -60,6 +60,15 @@ _Finished = tuple[Attempt, Launch, AgentOutcome | Exception]
 _Step = NodeOutcome | Wait | tuple[Attempt, Launch] | FatalRunError
 
 
+def _local_outcome(engine: LocalEngine, launched: Started, launch: Launch,
+                   ) -> AgentOutcome | Exception:
+    """A supervised agent's outcome, or the exception reading it raised (its launch_error)."""
+    try:
+        return engine.outcome(launched, launch.site)
+    except Exception as exc:  # noqa: BLE001 - recorded as the attempt's launch_error
+        return exc
+
+
 def _thread_result(fut: Future[AgentOutcome]) -> AgentOutcome | Exception:
     """An engine thread's outcome, or the exception it raised (the attempt's launch_error).
 
@@ -101,7 +110,7 @@ class Scheduler:
         self._fatal: FatalRunError | None = None
         self._active: dict[str, _Active] = {}
         self._launches: list[str] = []  # prepared this round, started after the sync
-        self._processes: dict[Running, tuple[str, tuple[Started, float], Launch]] = {}
+        self._processes: dict[Running, tuple[str, Started, Launch, LocalEngine]] = {}
         self._threads_done: queue.SimpleQueue[tuple[str, Future[AgentOutcome]]] = \
             queue.SimpleQueue()
         self._steps_done: queue.SimpleQueue[tuple[str, Future[_Step]]] = queue.SimpleQueue()
@@ -169,8 +178,8 @@ class Scheduler:
                 self.ctx.cancel.set()
                 continue
             for process in done:
-                nid, launched, launch = self._processes.pop(process)
-                self._complete(nid, self._local_outcome(launched, launch))
+                nid, launched, launch, engine = self._processes.pop(process)
+                self._complete(nid, _local_outcome(engine, launched, launch))
             while not self._threads_done.empty():
                 nid, fut = self._threads_done.get()
                 self._complete(nid, _thread_result(fut))
@@ -270,9 +279,9 @@ class Scheduler:
 
     def _start_agent(self, nid: str, launch: Launch) -> None:
         engine = self.ctx.engine
+        local = engine if isinstance(engine, LocalEngine) else None
         try:
-            started = engine.start(launch.request, launch.site) \
-                if isinstance(engine, LocalEngine) else None
+            started = local.start(launch.request, launch.site) if local is not None else None
         except FatalRunError as exc:
             self._stop_fatal(nid, exc)
             return
@@ -284,22 +293,14 @@ class Scheduler:
             fut.add_done_callback(functools.partial(self._thread_done, nid))
         elif isinstance(started, AgentOutcome):  # it could not be launched
             self._complete(nid, started)
-        else:
-            self._processes[started[0].process] = (nid, started, launch)
-            self._sup.add(started[0].process)
+        elif local is not None:
+            self._processes[started.process] = (nid, started, launch, local)
+            self._sup.add(started.process)
 
     def _thread_done(self, nid: str, fut: Future[AgentOutcome]) -> None:
         """Called on the engine's thread: hand the outcome to the loop and wake it."""
         self._threads_done.put((nid, fut))
         self._sup.wake()
-
-    @staticmethod
-    def _local_outcome(launched: tuple[Started, float], launch: Launch,
-                       ) -> AgentOutcome | Exception:
-        try:
-            return LocalEngine().outcome(launched, launch.site)
-        except Exception as exc:  # noqa: BLE001 - recorded as the attempt's launch_error
-            return exc
 
     def _complete(self, nid: str, outcome: AgentOutcome | Exception) -> None:
         """Record a finished agent's attempt and move its node on."""
