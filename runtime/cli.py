@@ -719,18 +719,16 @@ def _print_event(ev: Any) -> None:
 
 
 def _report_run(args: argparse.Namespace, result: Any) -> int:
-    from runtime.report.html import render_run_report
+    from runtime.report.html import report_run
 
-    report = render_run_report(result.run_dir)
+    report, findings = report_run(result.run_dir)
     state = result.state
     nodes = {nid: {"status": ns.status.value, "attempts": len(ns.attempts),
                    "failure": ns.failure.value if ns.failure else None,
                    "reason": ns.reason, "failed_ancestor": ns.failed_ancestor,
                    "summary": ns.last_failure.summary if ns.last_failure else None}
              for nid, ns in state.nodes.items()}
-    from runtime.report.findings import run_findings
-
-    counts = run_findings(result.run_dir).counts()
+    counts = findings.counts()
     obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),
            "status": result.status.value, "nodes": nodes, "report": str(report),
            "findings": counts}

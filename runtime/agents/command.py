@@ -69,9 +69,12 @@ class CommandAgent:
     Args:
         profile: the profile naming the program, its argv template, environment allow-list
             and sandbox settings.
+        environ: the environment the agent's is drawn from (default: this process's).
     """
-    def __init__(self, profile: CommandProfile) -> None:
+    def __init__(self, profile: CommandProfile, environ: Mapping[str, str] | None = None,
+                 ) -> None:
         self.profile = profile
+        self.environ = os.environ if environ is None else environ
 
     def argv(self, inv: Invocation, *, inside: bool = False) -> list[str]:
         """The agent's argv with placeholders filled.
@@ -138,7 +141,7 @@ class CommandAgent:
         in a ``Supervisor``) and then reads ``Started.result()``.
         """
         launch = self.launch_argv(inv, agent_environment(self.profile.env, inv.env,
-                                                         os.environ))
+                                                         self.environ))
         if isinstance(launch, str):
             return AgentExit(launch_error=launch)
         argv, env = launch

@@ -31,7 +31,7 @@ from runtime.files import replace_atomically, within
 from runtime.plan.manifest import Manifest
 from runtime.prompt.assemble import SECTION_SEPARATOR
 from runtime.report.diagram import Diagram, layout
-from runtime.report.findings import Finding, count_levels, dag_order, merge, run_findings
+from runtime.report.findings import Finding, Findings, count_levels, dag_order, merge, run_findings
 from runtime.run.events import AttemptStarted, Event, RunFinished, RunStarted, read_events
 from runtime.run.read import load_run
 from runtime.run.state import NodeState, RunState
@@ -285,6 +285,14 @@ def _diagram_nodes(views: list[NodeView]) -> dict[str, dict[str, str]]:
 
 def render_run_report(run_dir: Path) -> Path:
     """Write ``run_dir/report.html``; return its path."""
+    return report_run(run_dir)[0]
+
+
+def report_run(run_dir: Path) -> tuple[Path, Findings]:
+    """Write ``run_dir/report.html``; return its path and the run's findings.
+
+    For a caller that also shows the findings: the ledger is read and folded once.
+    """
     events = read_events(run_dir / "ledger.jsonl")
     manifest, state = load_run(run_dir, events=events)
     times = run_times(events)
@@ -303,7 +311,7 @@ def render_run_report(run_dir: Path) -> Path:
         status_counts=_status_counts(state))
     out = run_dir / "report.html"
     replace_atomically(out, html.encode())
-    return out
+    return out, found
 
 
 def _status_counts(state: RunState) -> dict[str, int]:

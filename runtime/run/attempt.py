@@ -288,13 +288,15 @@ class Attempt:
             env_names=tuple(getattr(profile, "env", ())), timeout_s=timeout,
             artifacts=tuple(self.node.artifacts),
             context=self._context_bytes if self.ctx.engine.name != LOCAL else b"")
-        ws, adir = ws.absolute(), self.dir.absolute()  # one getcwd each, not one per use
+        where = self.ctx.layout.absolute()  # agents get absolute paths
+        ws, adir = where.workspace(self.spec.node_id), where.attempt_dir(self.spec.node_id,
+                                                                         self.spec.number)
         site = LocalSite(
             workspace=ws, attempt_dir=adir, prompt_file=adir / "prompt.md",
             env=self._env(ws, adir),
             stdout=BoundedCapture(self.dir / "stdout.log"),
             stderr=BoundedCapture(self.dir / "stderr.log"), cancel=self.ctx.cancel,
-            leader_log=self.ctx.layout.leaders.absolute())
+            leader_log=where.leaders)
         return Launch(request, site)
 
     def _complete(self, launch: Launch, result: AgentOutcome | Exception) -> AttemptRecord:

@@ -39,6 +39,20 @@ class RunLayout:
     # and building a Path is a noticeable share of a short attempt's cost.
     _node_dirs: dict[str, Path] = field(default_factory=dict, init=False, repr=False,
                                         compare=False)
+    _absolute: list[RunLayout] = field(default_factory=list, init=False, repr=False,
+                                       compare=False)
+
+    def absolute(self) -> RunLayout:
+        """This layout with an absolute root, for the paths agents are given; built once.
+
+        ``Path.absolute`` re-parses the whole path each time: three calls cost a tenth of
+        a short attempt's preparation.
+        """
+        if self.root.is_absolute():
+            return self
+        if not self._absolute:
+            self._absolute.append(RunLayout(self.root.absolute()))
+        return self._absolute[0]
 
     @property
     def plan_json(self) -> Path:

@@ -3,12 +3,15 @@
 One loop runs the run: ready nodes (every upstream succeeded) become active, up to
 ``jobs`` at a time, in a deterministic order; each active node is a ``NodeExecutor`` asked
 for its next action (an attempt, a wait, its outcome). That step (recording the finished
-attempt, preparing the next) runs on a step thread, one at a time per node, so a slow
-record (a large SARIF artifact to validate) never holds up another agent's timeout. The
+attempt, preparing the next, making the ledger durable and starting a local agent's
+process) runs on a step thread, one at a time per node, so neither a slow record (a large
+SARIF artifact to validate) nor a slow start holds up another agent's timeout. The
 agents' processes are supervised by one ``Supervisor`` selector loop (pidfds and pipes)
 on the loop's thread, not by a thread each. Agents that only run blocking (http, python,
-simulated) or on a remote engine (Ray) run on a pool of ``jobs`` threads. Each round's
-ledger events are made durable with one sync before any of the round's agents starts.
+simulated) or on a remote engine (Ray) run on a pool of ``jobs`` threads. Steps that
+start agents together share one ledger sync (group commit): every event appended before
+a step, its attempt.started and the node.succeeded of each need included, is durable
+before its agent starts.
 
 A failed node's descendants are skipped at once, naming the failed ancestor; independent
 branches keep running. Ctrl-C (or SIGTERM, via the cancel event) stops launching,
@@ -50,21 +53,35 @@ class _Active:
     """A node between its start and its outcome: waiting, or with an attempt in flight."""
 
     executor: NodeExecutor
-    flight: tuple[Attempt, Launch] | None = None  # the attempt whose agent is running
+    flight: _Flight | None = None  # the attempt whose agent is running
     wake_at: float | None = None  # time.monotonic() at which its wait ends
 
 
 # A finished attempt to record: the attempt, its launch, what its engine observed.
 _Finished = tuple[Attempt, Launch, AgentOutcome | Exception]
-# What a node's step comes to: its outcome, a wait, an agent to start, or a fatal error.
-_Step = NodeOutcome | Wait | tuple[Attempt, Launch] | FatalRunError
 
 
-def _local_outcome(engine: LocalEngine, launched: Started, launch: Launch,
+@dataclass(frozen=True)
+class _Flight:
+    """An attempt whose agent is out: a started local process, or one for the thread pool."""
+
+    attempt: Attempt
+    launch: Launch
+    # The engine that started the process; (None, None): run it blocking on the thread
+    # pool (an http, python or simulated agent, or a remote engine).
+    started: Started | None = None
+    engine: LocalEngine | None = None
+
+
+# What a node's step comes to: its outcome, a wait, an agent in flight, or a fatal error.
+_Step = NodeOutcome | Wait | _Flight | FatalRunError
+
+
+def _local_outcome(engine: LocalEngine, started: Started, launch: Launch,
                    ) -> AgentOutcome | Exception:
     """A supervised agent's outcome, or the exception reading it raised (its launch_error)."""
     try:
-        return engine.outcome(launched, launch.site)
+        return engine.outcome(started, launch.site)
     except Exception as exc:  # noqa: BLE001 - recorded as the attempt's launch_error
         return exc
 
@@ -109,7 +126,6 @@ class Scheduler:
                              if s.status is NodeStatus.SUCCEEDED})
         self._fatal: FatalRunError | None = None
         self._active: dict[str, _Active] = {}
-        self._launches: list[str] = []  # prepared this round, started after the sync
         self._processes: dict[Running, tuple[str, Started, Launch, LocalEngine]] = {}
         self._threads_done: queue.SimpleQueue[tuple[str, Future[AgentOutcome]]] = \
             queue.SimpleQueue()
@@ -143,25 +159,39 @@ class Scheduler:
         self._skip_blocked_at_start()
         jobs = self.ctx.settings.jobs
         with Supervisor() as self._sup, \
-                ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="agent") as self._pool, \
-                ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="step") as self._steps:
+                ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="agent") as self._pool:
             try:
-                self._loop()
-            except BaseException:
-                # Leaving with agents on the pool's threads: cancel them, or the pool's exit
-                # waits for each to time out (an http agent: up to 1800 s).
-                self.ctx.cancel.set()
-                raise
+                with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="step") as self._steps:
+                    try:
+                        self._loop()
+                    except BaseException:
+                        # Leaving with agents on the pool's threads: cancel them, or the
+                        # pool's exit waits for each to time out (an http agent: 1800 s).
+                        self.ctx.cancel.set()
+                        raise
+            finally:
+                self._adopt_unapplied()
         if self._fatal is not None:
             self._finish_after_fatal()
             raise self._fatal
         return self._finish()
 
+    def _adopt_unapplied(self) -> None:
+        """Hand the supervisor every agent a step started that the loop never took in.
+
+        Only when the loop left early (a second Ctrl-C, a bug): the steps have all ended by
+        now, and the supervisor's exit kills what it holds, so no agent runs on unwatched.
+        """
+        while not self._steps_done.empty():
+            _, fut = self._steps_done.get()
+            step = fut.result() if fut.exception() is None else None
+            if isinstance(step, _Flight) and step.started is not None:
+                self._sup.add(step.started.process)
+
     def _loop(self) -> None:
         """Until no node is active: start ready nodes, start agents, act on what happened."""
         while True:
             self._fill()
-            self._start_launches()
             if not self._active:
                 if self._ready() and not self.ctx.cancel.is_set():
                     continue  # nodes settled without an agent released others
@@ -178,8 +208,8 @@ class Scheduler:
                 self.ctx.cancel.set()
                 continue
             for process in done:
-                nid, launched, launch, engine = self._processes.pop(process)
-                self._complete(nid, _local_outcome(engine, launched, launch))
+                nid, started, launch, engine = self._processes.pop(process)
+                self._complete(nid, _local_outcome(engine, started, launch))
             while not self._threads_done.empty():
                 nid, fut = self._threads_done.get()
                 self._complete(nid, _thread_result(fut))
@@ -232,17 +262,42 @@ class Scheduler:
                 if not isinstance(action, AttemptSpec):
                     return action
                 attempt = Attempt(self.ctx, action)
-                prepared = attempt.prepare(sync=False)  # synced with the round, by the loop
+                prepared = attempt.prepare(sync=False)  # synced just below, with others
                 if isinstance(prepared, AttemptRecord):  # ended before its agent started
                     act.executor.record(prepared)
                     continue
-                return attempt, prepared
+                flight = self._launch(attempt, prepared)
+                if isinstance(flight, AttemptRecord):  # its agent could not be started
+                    act.executor.record(flight)
+                    continue
+                return flight
         except FatalRunError as exc:
             return exc
         except Exception as exc:  # a bug (or a record an agent broke) stays at its node
             log.exception("node %s failed in the runtime", act.executor.node_id)
             return NodeOutcome(NodeStatus.FAILED, FailureClass.LAUNCH_ERROR,
                                f"runtime error: {type(exc).__name__}: {exc}")
+
+    def _launch(self, attempt: Attempt, launch: Launch) -> _Flight | AttemptRecord:
+        """On the step's thread: make the ledger durable, then start a local agent's process.
+
+        The sync covers this attempt's attempt.started and every node.succeeded the loop
+        appended before this step (the needs it relies on); steps syncing together share
+        one ``fdatasync``. A process that cannot be started ends the attempt here.
+        """
+        self.ctx.ledger.sync()
+        engine = self.ctx.engine
+        if not isinstance(engine, LocalEngine):
+            return _Flight(attempt, launch)
+        try:
+            started = engine.start(launch.request, launch.site)
+        except FatalRunError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded (a full disk stops the run)
+            return attempt.complete(launch, exc)
+        if isinstance(started, AgentOutcome):  # it could not be launched
+            return attempt.complete(launch, started)
+        return _Flight(attempt, launch, started, engine)
 
     def _apply_step(self, nid: str, step: _Step) -> None:
         """On the loop: act on what a node's step came to."""
@@ -255,47 +310,14 @@ class Scheduler:
             self._active[nid].wake_at = time.monotonic() + step.seconds
         else:
             self._active[nid].flight = step
-            self._launches.append(nid)
-
-    def _start_launches(self) -> None:
-        """Make this round's events durable with one sync, then start the prepared agents.
-
-        Every attempt.started, and every node.succeeded a dependent relies on, is on disk
-        before any agent of the round starts.
-        """
-        while self._launches:
-            try:
-                self.ctx.ledger.sync()
-            except FatalRunError as exc:
-                for nid in self._launches:
-                    self._stop_fatal(nid, exc)
-                self._launches.clear()
-                return
-            batch, self._launches = self._launches, []
-            for nid in batch:
-                flight = self._active[nid].flight
-                if flight is not None:
-                    self._start_agent(nid, flight[1])
-
-    def _start_agent(self, nid: str, launch: Launch) -> None:
-        engine = self.ctx.engine
-        local = engine if isinstance(engine, LocalEngine) else None
-        try:
-            started = local.start(launch.request, launch.site) if local is not None else None
-        except FatalRunError as exc:
-            self._stop_fatal(nid, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - recorded (a full disk stops the run)
-            self._complete(nid, exc)
-            return
-        if started is None:  # an agent that blocks (or a remote engine): on a thread
-            fut = self._pool.submit(engine.run, launch.request, launch.site)
-            fut.add_done_callback(functools.partial(self._thread_done, nid))
-        elif isinstance(started, AgentOutcome):  # it could not be launched
-            self._complete(nid, started)
-        elif local is not None:
-            self._processes[started.process] = (nid, started, launch, local)
-            self._sup.add(started.process)
+            if step.started is None or step.engine is None:  # blocking, or remote
+                fut = self._pool.submit(self.ctx.engine.run, step.launch.request,
+                                        step.launch.site)
+                fut.add_done_callback(functools.partial(self._thread_done, nid))
+            else:
+                self._processes[step.started.process] = (nid, step.started, step.launch,
+                                                         step.engine)
+                self._sup.add(step.started.process)
 
     def _thread_done(self, nid: str, fut: Future[AgentOutcome]) -> None:
         """Called on the engine's thread: hand the outcome to the loop and wake it."""
@@ -307,9 +329,8 @@ class Scheduler:
         act = self._active[nid]
         if act.flight is None:
             return  # not in flight (cannot happen: every outcome belongs to a flight)
-        attempt, launch = act.flight
-        act.flight = None
-        self._advance(nid, (attempt, launch, outcome))
+        flight, act.flight = act.flight, None
+        self._advance(nid, (flight.attempt, flight.launch, outcome))
 
     def _end_waits(self) -> None:
         now, cancelled = time.monotonic(), self.ctx.cancel.is_set()

@@ -154,6 +154,9 @@ class Folder:
         self.status, self.last_seq, self.used = RunStatus.RUNNING, 0, 0
         self.settings: dict[str, Any] = {}
         self.finished = False
+        # Each node's NodeState, built again only after an event touched the node: a
+        # periodic state.json of a large run would otherwise rebuild every node each time.
+        self._built: dict[str, NodeState] = {}
 
     # C901: One branch per event type: the fold reads best as one dispatch in event order.
     def apply(self, ev: Event) -> None:  # noqa: C901
@@ -168,6 +171,9 @@ class Folder:
                               "ledger was edited or forged and cannot be trusted")
         self.last_seq = ev.seq
         nodes = self.nodes
+        node = getattr(ev, "node", None)
+        if node is not None:
+            self._built.pop(node, None)
         match ev:
             case RunStarted():
                 self.head = self.head or ev
@@ -177,6 +183,7 @@ class Folder:
                 if ev.retried:
                     self.used = 0  # the run budget applies to each try
                 for nid in ev.retried:
+                    self._built.pop(nid, None)
                     d = nodes[nid]
                     d.update(status=NodeStatus.PENDING, failure=None, reason=None,
                              failed_ancestor=None,
@@ -256,8 +263,14 @@ class Folder:
             run_id=h.run_id, topology=h.topology, plan_digest=h.plan_digest,
             status=self.status, last_seq=self.last_seq, attempts_used=self.used,
             settings=self.settings,
-            nodes={n: NodeState.model_validate(d) for n, d in self.nodes.items()},
+            nodes={n: self._node_state(n, d) for n, d in self.nodes.items()},
         )
+
+    def _node_state(self, nid: str, folded: dict[str, Any]) -> NodeState:
+        built = self._built.get(nid)
+        if built is None:
+            built = self._built[nid] = NodeState.model_validate(folded)
+        return built
 
 
 def fold(events: Iterable[Event], node_ids: Iterable[str]) -> RunState:
