@@ -413,3 +413,44 @@ def test_a_second_ctrl_c_stops_at_once_and_the_run_stays_resumable(tmp_path: Pat
     assert result.status is RunStatus.SUCCEEDED
     assert [x.outcome for x in result.state.nodes["a"].attempts] == [Outcome.LOST,
                                                                      Outcome.SUCCEEDED]
+
+
+def test_an_agent_started_but_not_yet_taken_in_does_not_outlive_an_abrupt_stop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node's step starts its agent; if the loop stops (a second Ctrl-C) before it takes
+    the agent in, the agent is still killed on the way out."""
+    from concurrent.futures import Future
+
+    from runtime.run import scheduler
+
+    project = Project(tmp_path / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task for {{ node.id }}.\n")
+    topo = make_topology({"a": []})
+    topo["agents"] = {"slow": {"kind": "command", "sandbox": False,
+                               "argv": ["sh", "-c", "sleep 60"]}}
+    topo["defaults"] = {"agent": "slow"}
+    apply = scheduler.Scheduler._apply_step
+
+    def stop_before_taking_it_in(self: scheduler.Scheduler, nid: str, step: Any) -> None:
+        if isinstance(step, scheduler._Flight) and step.started is not None:
+            done: Future[Any] = Future()
+            done.set_result(step)
+            self._steps_done.put((nid, done))  # still waiting for the loop
+            raise KeyboardInterrupt  # what a second Ctrl-C raises in the loop
+        apply(self, nid, step)
+
+    monkeypatch.setattr(scheduler.Scheduler, "_apply_step", stop_before_taking_it_in)
+    with pytest.raises(KeyboardInterrupt):
+        run_topology(project, topo)
+    leaders = project.artifacts / "runs" / "test-run" / "leaders.jsonl"
+    pid = json.loads(leaders.read_text().splitlines()[0])["pid"]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return  # killed (and reaped) on the way out
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    pytest.fail(f"agent {pid} outlived the scheduler")
