@@ -2,9 +2,9 @@
 
 One loop runs the run: ready nodes (every upstream succeeded) become active, up to
 ``jobs`` at a time, in a deterministic order; each active node is a ``NodeExecutor`` asked
-for its next action (an attempt, a wait, its outcome). That step (recording the finished
-attempt, preparing the next, making the ledger durable and starting a local agent's
-process) runs on a step thread, one at a time per node, so neither a slow record (a large
+for its next action (an attempt, a wait, its outcome). That step (reading and recording
+the finished attempt, preparing the next, making the ledger durable and starting a local
+agent's process) runs on a step thread, one at a time per node, so neither a slow record (a large
 SARIF artifact to validate) nor a slow start holds up another agent's timeout. The
 agents' processes are supervised by one ``Supervisor`` selector loop (pidfds and pipes)
 on the loop's thread, not by a thread each. Agents that only run blocking (http, python,
@@ -26,6 +26,7 @@ import functools
 import logging
 import queue
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -57,8 +58,12 @@ class _Active:
     wake_at: float | None = None  # time.monotonic() at which its wait ends
 
 
+# What an engine observed of an attempt, or the exception it raised; for a supervised
+# process, how to read it (on the step's thread: parsing a large JSON result or stderr
+# must not hold up the loop).
+_Observed = AgentOutcome | Exception | Callable[[], AgentOutcome | Exception]
 # A finished attempt to record: the attempt, its launch, what its engine observed.
-_Finished = tuple[Attempt, Launch, AgentOutcome | Exception]
+_Finished = tuple[Attempt, Launch, _Observed]
 
 
 @dataclass(frozen=True)
@@ -209,7 +214,8 @@ class Scheduler:
                 continue
             for process in done:
                 nid, started, launch, engine = self._processes.pop(process)
-                self._complete(nid, _local_outcome(engine, started, launch))
+                self._complete(nid, functools.partial(_local_outcome, engine, started,
+                                                      launch))
             while not self._threads_done.empty():
                 nid, fut = self._threads_done.get()
                 self._complete(nid, _thread_result(fut))
@@ -255,7 +261,8 @@ class Scheduler:
         """
         try:
             if finished is not None:
-                done, launched, outcome = finished
+                done, launched, observed = finished
+                outcome = observed() if callable(observed) else observed
                 act.executor.record(done.complete(launched, outcome))
             while True:
                 action = act.executor.next_action()
@@ -324,7 +331,7 @@ class Scheduler:
         self._threads_done.put((nid, fut))
         self._sup.wake()
 
-    def _complete(self, nid: str, outcome: AgentOutcome | Exception) -> None:
+    def _complete(self, nid: str, outcome: _Observed) -> None:
         """Record a finished agent's attempt and move its node on."""
         act = self._active[nid]
         if act.flight is None:
