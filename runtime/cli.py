@@ -719,9 +719,17 @@ def _print_event(ev: Any) -> None:
 
 
 def _report_run(args: argparse.Namespace, result: Any) -> int:
+    from runtime.report.findings import Findings
     from runtime.report.html import report_run
 
-    report, findings = report_run(result.run_dir)
+    try:
+        report: Path | None
+        report, findings = report_run(result.run_dir)
+    except OSError as exc:  # a full disk: the run itself is whole in its ledger
+        sys.stderr.write(f"warning: the report was not written ({exc.strerror or exc}: "
+                         f"{exc.filename}); `runtime resume {result.run_dir}` writes it "
+                         "again\n")
+        report, findings = None, Findings()
     state = result.state
     nodes = {nid: {"status": ns.status.value, "attempts": len(ns.attempts),
                    "failure": ns.failure.value if ns.failure else None,
@@ -730,12 +738,13 @@ def _report_run(args: argparse.Namespace, result: Any) -> int:
              for nid, ns in state.nodes.items()}
     counts = findings.counts()
     obj = {"run_id": result.run_id, "run_dir": str(result.run_dir),
-           "status": result.status.value, "nodes": nodes, "report": str(report),
+           "status": result.status.value, "nodes": nodes,
+           "report": str(report) if report is not None else None,
            "findings": counts}
     found = (f"findings: {_counts_text(counts)} (runtime findings {result.run_id})\n"
              if any(counts.values()) else "")
     _emit(args, obj, _describe(state, result.run_dir, verbose=False) + found
-          + f"report: {report}\n")
+          + (f"report: {report}\n" if report is not None else ""))
     if result.status.value == "cancelled":
         sys.stderr.write(f"interrupted; the run is resumable: runtime resume {result.run_id} "
                          f"--artifacts {shlex.quote(str(args.artifacts))}\n")

@@ -306,3 +306,40 @@ def test_progress_lines_name_the_node_and_keep_escapes_out(event: Event, line: s
 
     out = event_line(event)
     assert out.endswith(line) if line else out == ""
+
+
+def test_a_full_disk_at_the_end_of_a_run_loses_no_outcome(
+        project: Project, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """state.json and report.html cannot be written (ENOSPC): the run's outcome and exit
+    code stand, each lost file is named, no traceback; ``resume`` writes them again."""
+    import errno
+
+    from runtime.report import html
+    from runtime.run import scheduler
+
+    def full(path: Path, *_: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    def full_report(run_dir: Path) -> None:
+        full(run_dir / "report.html")
+
+    project.write_topology(make_topology({"a": [], "b": ["a"]}))
+    with monkeypatch.context() as patched:
+        patched.setattr(scheduler, "_write_state", full)
+        patched.setattr(html, "report_run", full_report)
+        code, out, err = _run(capsys, *project.cli("run", str(project.topology), "--run-id",
+                                                   "full"))
+    run_dir = project.artifacts / "runs" / "full"
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert f"{run_dir / 'state.json'} not written (No space left on device)" in caplog.text
+    assert f"the report was not written (No space left on device: {run_dir / 'report.html'})" \
+        in err
+    assert "run full (t): succeeded" in out
+    assert "report:" not in out
+    assert not (run_dir / "report.html").exists()
+    code, out, err = _run(capsys, *project.cli("resume", str(run_dir)))
+    assert code == 0, err
+    assert json.loads((run_dir / "state.json").read_text())["status"] == "succeeded"
+    assert (run_dir / "report.html").is_file()

@@ -395,7 +395,12 @@ class Scheduler:
         for s in self.status.values():
             counts[s.value] = counts.get(s.value, 0) + 1
         self.ctx.ledger.append(RunFinished(status=status, counts=dict(sorted(counts.items()))))
-        self.write_state()
+        try:
+            self.write_state()
+        except OSError as exc:  # a full disk: the run is whole in the ledger all the same
+            log.warning("%s not written (%s); the ledger records the run, and `runtime "
+                        "resume` writes it again", self.ctx.layout.state,
+                        exc.strerror or exc)
         return status
 
     def _maybe_write_state(self) -> None:
@@ -411,12 +416,16 @@ class Scheduler:
                 self._state_written = time.monotonic()
                 log.warning("state.json not refreshed: %s", exc)
 
-    def write_state(self) -> None:
-        """Fold the events appended since the last write and rewrite ``state.json``."""
+    def snapshot(self) -> RunState:
+        """The run's state: the events appended since the last call folded in."""
         events = self.ctx.ledger.events  # appended to by workers; read up to a fixed length
         upto = len(events)
         for ev in events[self._folded:upto]:
             self._folder.apply(ev)
         self._folded = upto
-        _write_state(self.ctx.layout.state, self._folder.state())
+        return self._folder.state()
+
+    def write_state(self) -> None:
+        """Rewrite ``state.json`` from a fresh ``snapshot``."""
+        _write_state(self.ctx.layout.state, self.snapshot())
         self._state_written = time.monotonic()

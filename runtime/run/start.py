@@ -278,9 +278,9 @@ def _drive(layout: RunLayout, manifest: Manifest, settings: RunSettings, ledger:
         redactor=redactor or Redactor.from_environment(os.environ),
         cancel=hooks.cancel or threading.Event(), clock=hooks.clock,
         engine=hooks.engine or LocalEngine())
+    scheduler = Scheduler(ctx, state)
     try:
-        status = Scheduler(ctx, state).run()
+        status = scheduler.run()
     finally:
         ledger.close()
-    final = fold(ledger.events, manifest.nodes)
-    return RunResult(state.run_id, layout.root, status, final)
+    return RunResult(state.run_id, layout.root, status, scheduler.snapshot())
