@@ -4,8 +4,8 @@ One loop runs the run: ready nodes (every upstream succeeded) become active, up 
 ``jobs`` at a time, in a deterministic order; each active node is a ``NodeExecutor`` asked
 for its next action (an attempt, a wait, its outcome). That step (reading and recording
 the finished attempt, preparing the next, making the ledger durable and starting a local
-agent's process) runs on a step thread, one at a time per node, so neither a slow record (a large
-SARIF artifact to validate) nor a slow start holds up another agent's timeout. The
+agent's process) runs on a step thread, one at a time per node, so neither a slow record
+(a large SARIF artifact to validate) nor a slow start holds up another agent's timeout. The
 agents' processes are supervised by one ``Supervisor`` selector loop (pidfds and pipes)
 on the loop's thread, not by a thread each. Agents that only run blocking (http, python,
 simulated) or on a remote engine (Ray) run on a pool of ``jobs`` threads. Steps that
@@ -291,6 +291,10 @@ class Scheduler:
         The sync covers this attempt's attempt.started and every node.succeeded the loop
         appended before this step (the needs it relies on); steps syncing together share
         one ``fdatasync``. A process that cannot be started ends the attempt here.
+
+        bubblewrap's ``--die-with-parent`` ties a sandboxed agent to the thread that
+        started it: step threads live until the run's agents are all done (a pool's
+        workers never retire before its shutdown), so it fires only when the run ends.
         """
         self.ctx.ledger.sync()
         engine = self.ctx.engine
