@@ -170,12 +170,14 @@ class LocalEngine:
             return self._outcome(launched, site, started)
         return launched
 
-    def outcome(self, launched: Started, site: LocalSite) -> AgentOutcome:
+    @classmethod
+    def outcome(cls, launched: Started, site: LocalSite) -> AgentOutcome:
         """What ``start``'s agent did, once its process is done."""
-        return self._outcome(launched.result(), site, launched.started_at)
+        return cls._outcome(launched.result(), site, launched.started_at)
 
-    def _outcome(self, exit_: AgentExit, site: LocalSite, started: float) -> AgentOutcome:
-        return AgentOutcome(exit=exit_, engine=self.name, host=_HOST, worker=f"pid {os.getpid()}",
+    @classmethod
+    def _outcome(cls, exit_: AgentExit, site: LocalSite, started: float) -> AgentOutcome:
+        return AgentOutcome(exit=exit_, engine=cls.name, host=_HOST, worker=f"pid {os.getpid()}",
                             started_at=started, finished_at=time.time(),
                             stdout_total=site.stdout.total, stderr_total=site.stderr.total)
 

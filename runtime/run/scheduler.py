@@ -72,21 +72,19 @@ class _Flight:
 
     attempt: Attempt
     launch: Launch
-    # The engine that started the process; (None, None): run it blocking on the thread
-    # pool (an http, python or simulated agent, or a remote engine).
+    # None: run it blocking on the thread pool (an http, python or simulated agent, or a
+    # remote engine).
     started: Started | None = None
-    engine: LocalEngine | None = None
 
 
 # What a node's step comes to: its outcome, a wait, an agent in flight, or a fatal error.
 _Step = NodeOutcome | Wait | _Flight | FatalRunError
 
 
-def _local_outcome(engine: LocalEngine, started: Started, launch: Launch,
-                   ) -> AgentOutcome | Exception:
+def _local_outcome(started: Started, launch: Launch) -> AgentOutcome | Exception:
     """A supervised agent's outcome, or the exception reading it raised (its launch_error)."""
     try:
-        return engine.outcome(started, launch.site)
+        return LocalEngine.outcome(started, launch.site)
     except Exception as exc:  # noqa: BLE001 - recorded as the attempt's launch_error
         return exc
 
@@ -131,7 +129,9 @@ class Scheduler:
                              if s.status is NodeStatus.SUCCEEDED})
         self._fatal: FatalRunError | None = None
         self._active: dict[str, _Active] = {}
-        self._processes: dict[Running, tuple[str, Started, Launch, LocalEngine]] = {}
+        # The run's engine when it starts local processes (None: a remote engine).
+        self._local = ctx.engine if isinstance(ctx.engine, LocalEngine) else None
+        self._processes: dict[Running, tuple[str, Started, Launch]] = {}
         self._threads_done: queue.SimpleQueue[tuple[str, Future[AgentOutcome]]] = \
             queue.SimpleQueue()
         self._steps_done: queue.SimpleQueue[tuple[str, Future[_Step]]] = queue.SimpleQueue()
@@ -213,9 +213,8 @@ class Scheduler:
                 self.ctx.cancel.set()
                 continue
             for process in done:
-                nid, started, launch, engine = self._processes.pop(process)
-                self._complete(nid, functools.partial(_local_outcome, engine, started,
-                                                      launch))
+                nid, started, launch = self._processes.pop(process)
+                self._complete(nid, functools.partial(_local_outcome, started, launch))
             while not self._threads_done.empty():
                 nid, fut = self._threads_done.get()
                 self._complete(nid, _thread_result(fut))
@@ -297,18 +296,17 @@ class Scheduler:
         workers never retire before its shutdown), so it fires only when the run ends.
         """
         self.ctx.ledger.sync()
-        engine = self.ctx.engine
-        if not isinstance(engine, LocalEngine):
+        if self._local is None:
             return _Flight(attempt, launch)
         try:
-            started = engine.start(launch.request, launch.site)
+            started = self._local.start(launch.request, launch.site)
         except FatalRunError:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded (a full disk stops the run)
             return attempt.complete(launch, exc)
         if isinstance(started, AgentOutcome):  # it could not be launched
             return attempt.complete(launch, started)
-        return _Flight(attempt, launch, started, engine)
+        return _Flight(attempt, launch, started)
 
     def _apply_step(self, nid: str, step: _Step) -> None:
         """On the loop: act on what a node's step came to."""
@@ -321,13 +319,12 @@ class Scheduler:
             self._active[nid].wake_at = time.monotonic() + step.seconds
         else:
             self._active[nid].flight = step
-            if step.started is None or step.engine is None:  # blocking, or remote
+            if step.started is None:  # an agent that blocks, or a remote engine
                 fut = self._pool.submit(self.ctx.engine.run, step.launch.request,
                                         step.launch.site)
                 fut.add_done_callback(functools.partial(self._thread_done, nid))
             else:
-                self._processes[step.started.process] = (nid, step.started, step.launch,
-                                                         step.engine)
+                self._processes[step.started.process] = (nid, step.started, step.launch)
                 self._sup.add(step.started.process)
 
     def _thread_done(self, nid: str, fut: Future[AgentOutcome]) -> None:
