@@ -156,6 +156,16 @@ def _wait_for_file(path: Path) -> None:
         time.sleep(0.01)
 
 
+def _run_in_background(project: Project, run_id: str) -> subprocess.Popen[str]:
+    """``runtime run`` of the project's topology as its own process (stderr piped)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "runtime", *project.cli("run", str(project.topology), "--run-id",
+                                                        run_id)],
+        cwd=project.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+
+
 @pytest.mark.slow
 def test_sigkill_of_a_real_run_then_resume(tmp_path: Path) -> None:
     project = Project(tmp_path / "proj")
@@ -202,12 +212,7 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
     topo["agents"] = {"slow": _gated("a", release)}
     topo["defaults"] = {"agent": "slow"}
     project.write_topology(topo)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime", *project.cli("run", str(project.topology), "--run-id",
-                                                        "int")],
-        cwd=project.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True)
+    proc = _run_in_background(project, "int")
     ledger = project.artifacts / "runs" / "int" / "ledger.jsonl"
     _wait_for_file(project.artifacts / "runs" / "int" / "nodes" / "a" / "workspace" / "started")
     proc.send_signal(sig)
@@ -390,12 +395,7 @@ def test_a_second_ctrl_c_stops_at_once_and_the_run_stays_resumable(tmp_path: Pat
                                    "argv": ["sh", "-c", script]}}
     topo["defaults"] = {"agent": "stubborn"}
     project.write_topology(topo)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "runtime", *project.cli("run", str(project.topology), "--run-id",
-                                                        "twice")],
-        cwd=project.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True)
+    proc = _run_in_background(project, "twice")
     ws = project.artifacts / "runs" / "twice" / "nodes" / "a" / "workspace"
     _wait_for_file(ws / "started")
     pid = int((ws / "pid").read_text())
