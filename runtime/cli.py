@@ -710,7 +710,7 @@ def _engine(args: argparse.Namespace) -> Any:
 
 
 def _print_event(ev: Any) -> None:
-    from runtime.progress import event_line
+    from runtime.eventlines import event_line
 
     line = event_line(ev)
     if line:

@@ -7,8 +7,7 @@ itself reports through ``batch.Progress``.
 from __future__ import annotations
 
 import threading
-import time
-from typing import Any, TextIO
+from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -24,6 +23,7 @@ from rich.progress import Progress as RichBar
 from rich.table import Table
 
 from runtime.batch import Progress
+from runtime.eventlines import event_line
 from runtime.run.events import AttemptStarted, Event, NodeFailed, NodeSkipped, NodeSucceeded
 from runtime.run.summary import BatchEntry, BatchSummary
 
@@ -138,34 +138,3 @@ class LineProgress(Progress):
         with self.lock:
             self.out.write(f"{entry.topology or entry.source}: {entry.status}\n")
             self.out.flush()
-
-
-def event_line(ev: Any) -> str:
-    """One human line for a ledger event that a person watching a run cares about."""
-    stamp = time.strftime("%H:%M:%S", time.localtime(ev.ts)) if ev.ts else "--:--:--"
-    match ev.event:
-        case "attempt.started":
-            wait = f" after waiting {ev.waited_s:g} s" if ev.waited_s else ""
-            text = f"{ev.node}: attempt {ev.attempt} started on {ev.profile}{wait}"
-        case "attempt.finished" if ev.outcome != "succeeded":
-            why = f": {ev.summary}" if ev.summary else ""
-            text = f"{ev.node}: attempt {ev.attempt} {ev.outcome}{why}"
-        case "node.succeeded":
-            text = f"{ev.node}: succeeded ({ev.attempts} attempt{'s' * (ev.attempts != 1)})"
-        case "node.failed":
-            text = f"{ev.node}: failed, {ev.failure}: {ev.reason}"
-        case "node.skipped":
-            why = f"upstream {ev.failed_ancestor} failed" if ev.failed_ancestor else ev.reason
-            text = f"{ev.node}: skipped ({why})"
-        case _:
-            return ""
-    return f"[{stamp}] {_terminal_safe(text)}"
-
-
-def _terminal_safe(text: str) -> str:
-    # Summaries are agent-authored: no escape sequence reaches the user's terminal.
-    if text.isprintable():  # nearly every line: no per-character pass
-        return text[:300]
-    return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
-
-

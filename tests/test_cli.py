@@ -302,7 +302,7 @@ def test_signal_handlers_are_restored_after_a_run(
     (NodeSkipped(node="b", reason="run deadline passed"), "b: skipped (run deadline passed)"),
 ])
 def test_progress_lines_name_the_node_and_keep_escapes_out(event: Event, line: str) -> None:
-    from runtime.progress import event_line
+    from runtime.eventlines import event_line
 
     out = event_line(event)
     assert out.endswith(line) if line else out == ""

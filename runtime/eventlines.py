@@ -1,0 +1,41 @@
+"""One human line per ledger event worth a line, safe for a terminal.
+
+``runtime run`` prints these as its progress, and batch progress in logs prefixes them
+with the topology. Kept apart from the live display so a run does not import rich.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def event_line(ev: Any) -> str:
+    """One human line for a ledger event that a person watching a run cares about."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(ev.ts)) if ev.ts else "--:--:--"
+    match ev.event:
+        case "attempt.started":
+            wait = f" after waiting {ev.waited_s:g} s" if ev.waited_s else ""
+            text = f"{ev.node}: attempt {ev.attempt} started on {ev.profile}{wait}"
+        case "attempt.finished" if ev.outcome != "succeeded":
+            why = f": {ev.summary}" if ev.summary else ""
+            text = f"{ev.node}: attempt {ev.attempt} {ev.outcome}{why}"
+        case "node.succeeded":
+            text = f"{ev.node}: succeeded ({ev.attempts} attempt{'s' * (ev.attempts != 1)})"
+        case "node.failed":
+            text = f"{ev.node}: failed, {ev.failure}: {ev.reason}"
+        case "node.skipped":
+            why = f"upstream {ev.failed_ancestor} failed" if ev.failed_ancestor else ev.reason
+            text = f"{ev.node}: skipped ({why})"
+        case _:
+            return ""
+    return f"[{stamp}] {_terminal_safe(text)}"
+
+
+def _terminal_safe(text: str) -> str:
+    # Summaries are agent-authored: no escape sequence reaches the user's terminal.
+    if text.isprintable():  # nearly every line: no per-character pass
+        return text[:300]
+    return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
+
+
