@@ -262,18 +262,28 @@ def test_resume_refuses_a_run_whose_plan_was_edited(tmp_path: Path) -> None:
 
 # -- issue 9: one writer per run; a start that crashes leaves a whole run or none -------
 
-def test_a_run_in_use_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+@pytest.mark.parametrize("alias", ["same path", "symlink to the run", "symlinked parent"])
+def test_a_run_in_use_is_refused_with_the_holders_pid(tmp_path: Path, alias: str) -> None:
+    """Whatever path reaches the run (before: a symlink to it took a second lock, and two
+    writers interleaved the ledger for good)."""
     from runtime.errors import InUseError
     from runtime.run.lock import hold
 
     run_dir = _crashed_single_node_run(tmp_path)
     from runtime.cli import main
 
+    other = run_dir
+    if alias == "symlink to the run":
+        other = tmp_path / "alias"
+        other.symlink_to(run_dir)
+    elif alias == "symlinked parent":
+        (tmp_path / "runs-link").symlink_to(run_dir.parent)
+        other = tmp_path / "runs-link" / run_dir.name
     with hold(run_dir, "run test-run"):
         with pytest.raises(InUseError) as info:
-            resume_run(run_dir)
-        assert main(["resume", str(run_dir)]) == 2
-    assert f"run test-run is in use by pid {os.getpid()}" in str(info.value)
+            resume_run(other)
+        assert main(["resume", str(other)]) == 2
+    assert f"run {other.name} is in use by pid {os.getpid()}" in str(info.value)
     assert resume_run(run_dir).status is RunStatus.SUCCEEDED  # released with its holder
 
 

@@ -21,8 +21,13 @@ HOLDER_READS = 20  # 0.2 s at most to learn who holds a lock
 
 
 def lock_path(directory: Path) -> Path:
-    """The lock file of a run or batch directory."""
-    return directory.with_name(f".{directory.name}.lock")
+    """The lock file of a run or batch directory, by its real path.
+
+    A run reached through a symlink to it (or a symlinked parent) takes the same lock: a
+    second lock would let two writers interleave the ledger.
+    """
+    real = Path(os.path.realpath(directory))
+    return real.with_name(f".{real.name}.lock")
 
 
 @contextlib.contextmanager
