@@ -7,6 +7,7 @@ one check that a path from a topology or an agent stays inside its root.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import threading
@@ -72,8 +73,13 @@ def replace_atomically(path: Path, data: bytes) -> None:
     process and thread.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):  # a full disk, a directory in the way: no litter
+            tmp.unlink()
+        raise
 
 
 def within(root: str | Path, path: str | Path) -> str | None:

@@ -316,7 +316,7 @@ def test_a_full_disk_at_the_end_of_a_run_loses_no_outcome(
     import errno
 
     from runtime.report import html
-    from runtime.run import scheduler
+    from runtime.run import scheduler, state
 
     def full(path: Path, *_: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
@@ -326,7 +326,8 @@ def test_a_full_disk_at_the_end_of_a_run_loses_no_outcome(
 
     project.write_topology(make_topology({"a": [], "b": ["a"]}))
     with monkeypatch.context() as patched:
-        patched.setattr(scheduler, "_write_state", full)
+        patched.setattr(scheduler, "_write_state", full)  # the refreshes during the run
+        patched.setattr(state, "write_state", full)  # the final one
         patched.setattr(html, "report_run", full_report)
         code, out, err = _run(capsys, *project.cli("run", str(project.topology), "--run-id",
                                                    "full"))
@@ -343,3 +344,25 @@ def test_a_full_disk_at_the_end_of_a_run_loses_no_outcome(
     assert code == 0, err
     assert json.loads((run_dir / "state.json").read_text())["status"] == "succeeded"
     assert (run_dir / "report.html").is_file()
+
+
+def test_resume_of_a_finished_run_whose_views_cannot_be_written_only_warns(
+        project: Project, capsys: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """An unsandboxed agent turned state.json and report.html into directories: `resume`
+    of the finished run names both, exits with the run's code, and leaves no temporary
+    file behind (before: a traceback and exit 1, and a `.state.json.*.tmp` per try)."""
+    project.write_topology(make_topology({"a": []}))
+    code, _, err = _run(capsys, *project.cli("run", str(project.topology), "--run-id", "d"))
+    assert code == 0, err
+    run_dir = project.artifacts / "runs" / "d"
+    for name in ("state.json", "report.html"):
+        (run_dir / name).unlink()
+        (run_dir / name).mkdir()
+    code, out, err = _run(capsys, *project.cli("resume", str(run_dir)))
+    assert code == 0, err
+    assert "run d (t): succeeded" in out
+    assert "Traceback" not in err
+    assert f"{run_dir / 'state.json'} not written (Is a directory)" in caplog.text
+    assert "the report was not written (Is a directory" in err
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")) == []

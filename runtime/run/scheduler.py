@@ -41,7 +41,7 @@ from runtime.run.context import AttemptSpec, NodeOutcome, RunContext
 from runtime.run.engine import AgentOutcome, LocalEngine
 from runtime.run.events import NodeFailed, NodeSkipped, NodeSucceeded, RunFinished
 from runtime.run.node import NodeExecutor, Wait
-from runtime.run.state import AttemptRecord, Folder, RunState
+from runtime.run.state import AttemptRecord, Folder, RunState, write_final_state
 from runtime.run.state import write_state as _write_state
 
 log = logging.getLogger(__name__)
@@ -396,12 +396,7 @@ class Scheduler:
         for s in self.status.values():
             counts[s.value] = counts.get(s.value, 0) + 1
         self.ctx.ledger.append(RunFinished(status=status, counts=dict(sorted(counts.items()))))
-        try:
-            self.write_state()
-        except OSError as exc:  # a full disk: the run is whole in the ledger all the same
-            log.warning("%s not written (%s); the ledger records the run, and `runtime "
-                        "resume` writes it again", self.ctx.layout.state,
-                        exc.strerror or exc)
+        write_final_state(self.ctx.layout.state, self.snapshot())
         return status
 
     def _maybe_write_state(self) -> None:

@@ -35,7 +35,7 @@ from runtime.run.lock import hold
 from runtime.run.read import load_run
 from runtime.run.records import RunSettings
 from runtime.run.scheduler import Scheduler
-from runtime.run.state import RunState, fold, write_state
+from runtime.run.state import RunState, fold, write_final_state
 
 OPERATOR_PROMPT_MAX = 1 << 20  # as --operator-prompt accepts
 
@@ -210,7 +210,7 @@ def _continue(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None,
     finished = state.status in (RunStatus.SUCCEEDED, RunStatus.FAILED)
     if finished and not retried:
         # A kill after run.finished but before the snapshot left state.json stale.
-        write_state(layout.state, state)
+        write_final_state(layout.state, state)
         return RunResult(state.run_id, run_dir, state.status, state)
     settings = _with_operator_prompt(layout, RunSettings.model_validate(state.settings))
     if retry is not None:

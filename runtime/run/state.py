@@ -8,6 +8,7 @@ corrupt ledger and a ``LedgerError``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -30,6 +31,8 @@ from runtime.run.events import (
 
 STATE_SCHEMA_VERSION = 1
 
+
+log = logging.getLogger(__name__)
 
 class AttemptRecord(BaseModel):
     """One attempt of a node, as folded from its ``attempt.started`` and ``attempt.finished``.
@@ -284,3 +287,16 @@ def fold(events: Iterable[Event], node_ids: Iterable[str]) -> RunState:
 def write_state(path: Path, state: RunState) -> None:
     """Replace ``state.json`` atomically (write a sibling, then rename over)."""
     replace_atomically(path, (state.model_dump_json(indent=2) + "\n").encode())
+
+
+def write_final_state(path: Path, state: RunState) -> None:
+    """Write ``state.json`` once ``run.finished`` is in the ledger; a failure only warns.
+
+    A full disk, or a path an unsandboxed agent turned into a directory: the run is whole
+    in its ledger all the same, so its outcome and exit code stand.
+    """
+    try:
+        write_state(path, state)
+    except OSError as exc:
+        log.warning("%s not written (%s); the ledger records the run, and `runtime resume` "
+                    "writes it again", path, exc.strerror or exc)
