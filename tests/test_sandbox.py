@@ -9,6 +9,7 @@ import re
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -211,6 +212,68 @@ def test_network_false_leaves_only_loopback(project: Project) -> None:
     dev = (project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace" / "dev.txt")
     interfaces = {line.split(":")[0].strip() for line in dev.read_text().splitlines()[2:]}
     assert interfaces == {"lo"}
+
+
+def test_host_unix_sockets_are_out_of_reach(project: Project) -> None:
+    """A read-only root does not stop ``connect()``: a daemon's socket outside ``/tmp`` (a
+    ``docker.sock``) is covered, and ``/run``, where daemons keep theirs, is empty (a
+    red-team pass reached a host socket from ``network: false``)."""
+    root = Path(tempfile.mkdtemp(prefix="sandbox-sock-", dir="/var/tmp"))
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(root / "daemon.sock"))
+        server.listen()
+        probe = ("import os, socket\n"
+                 "s, out = socket.socket(socket.AF_UNIX), open('probe.txt', 'w')\n"
+                 "try:\n"
+                 f"    s.connect({str(root / 'daemon.sock')!r}); print('connected', file=out)\n"
+                 "except OSError as e:\n"
+                 "    print('refused', e.errno, file=out)\n"
+                 "print(sorted(os.listdir('/run')), file=out)\n"
+                 "open('a.json', 'w').write('{}')\n")
+        run_topology(project, _topo(["python3", "-c", probe], sandbox={"network": False}))
+        seen = (project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace" /
+                "probe.txt").read_text().splitlines()
+    finally:
+        server.close()
+        shutil.rmtree(root, ignore_errors=True)
+    assert seen[0].startswith("refused"), seen
+    shown = {os.path.relpath(p, "/run").split("/")[0]
+             for p in sandbox._etc_links_into_run() if p.startswith("/run/")}
+    assert seen[1] == repr(sorted(shown)), seen
+
+
+def test_host_sockets_lists_what_the_sandbox_would_still_show(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outside = Path(tempfile.mkdtemp(prefix="sandbox-sock-", dir="/var/tmp"))
+    exposed, hidden = tmp_path / "venv", tmp_path / "private"
+    exposed.mkdir()
+    hidden.mkdir()
+    servers = []
+    try:
+        for path in (outside / "d.sock", exposed / "e.sock", hidden / "h.sock"):
+            srv = socket.socket(socket.AF_UNIX)
+            srv.bind(str(path))
+            servers.append(srv)
+        (outside / "plain").write_text("not a socket")
+        table = tmp_path / "unix"
+        table.write_text(
+            "Num       RefCount Protocol Flags    Type St Inode Path\n"
+            f"0: 00000002 00000000 00010000 0001 01 1 {outside / 'd.sock'}\n"
+            f"0: 00000002 00000000 00010000 0001 01 2 {exposed / 'e.sock'}\n"
+            f"0: 00000002 00000000 00010000 0001 01 3 {hidden / 'h.sock'}\n"
+            f"0: 00000002 00000000 00010000 0001 01 4 {outside / 'plain'}\n"
+            "0: 00000002 00000000 00010000 0001 01 5 /run/docker.sock\n"
+            "0: 00000002 00000000 00010000 0001 01 6 @abstract\n"
+            "0: 00000002 00000000 00000000 0001 01 7\n")
+        monkeypatch.setattr(sandbox, "_UNIX_SOCKETS", str(table))
+        found = sandbox.host_sockets([exposed])
+    finally:
+        for srv in servers:
+            srv.close()
+        shutil.rmtree(outside, ignore_errors=True)
+    # tmp_path is under /tmp: private in the sandbox unless exposed again.
+    assert found == sorted([str(outside / "d.sock"), str(exposed / "e.sock")])
 
 
 # --- bubblewrap missing ------------------------------------------------------------

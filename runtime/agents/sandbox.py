@@ -7,6 +7,11 @@ Inside the sandbox an agent sees (DESIGN section 10, issue 8):
   directory), with ``/mnt/workspace/inputs`` (upstream artifacts) read-only on top;
 - the attempt's ``prompt.md`` and ``attempt.json`` read-only under ``/mnt/attempt``;
 - a private ``/tmp``, its own ``/proc`` and a minimal ``/dev``;
+- no host Unix socket: a read-only root does not stop ``connect()``, and a socket is a
+  door out of the sandbox (``docker.sock`` is root on the host). An empty ``/run``
+  (where daemons put theirs; files ``/etc`` links into it, such as ``resolv.conf``,
+  are bound back) and ``/dev/null`` over every other socket the host has bound to a path
+  (``/proc/net/unix``);
 - none of the artifacts root (ledger, ``state.json``, plans, other nodes' workspaces):
   an empty read-only tmpfs is mounted over it;
 - a new PID namespace (the runtime's ``/proc/<pid>/environ`` does not exist in it),
@@ -29,9 +34,11 @@ goes on without one where that is refused.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -157,19 +164,36 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
         argv += ["--ro-bind", "/", "/"]
     else:
         argv += ["--tmpfs", "/", *_host_root()]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", str(MOUNTS)]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", str(MOUNTS),
+             *_empty_run()]
+    argv += _host_binds(spec) + _attempt_binds(spec)
+    argv += ["--remount-ro", str(MOUNTS), "--remount-ro", "/", "--chdir", str(WORKSPACE),
+             "--", *command]
+    return argv
+
+
+def _host_binds(spec: SandboxSpec) -> list[str]:
+    """What of the host is shown again, made writable, or covered up."""
+    argv: list[str] = []
     for shown in spec.expose:
         argv += ["--ro-bind", str(shown), str(shown)]
     for path in expand_writable(spec.writable, spec.home):
         path = path.rstrip("/")
         argv += ["--bind-try", path, path]
+    for door in host_sockets(spec.expose):
+        argv += ["--ro-bind", "/dev/null", door]
     for hidden in spec.hide:
         # Under /tmp the private tmpfs already hides it (unless exposed again); elsewhere
         # an empty read-only tmpfs covers it (after the writable binds, so a writable
         # path cannot expose it).
         if not _under(hidden, "/tmp") or any(_under(hidden, str(e)) for e in spec.expose):
             argv += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
-    argv += ["--bind", str(spec.workspace), str(WORKSPACE)]
+    return argv
+
+
+def _attempt_binds(spec: SandboxSpec) -> list[str]:
+    """The attempt's own paths under ``/mnt``."""
+    argv = ["--bind", str(spec.workspace), str(WORKSPACE)]
     inputs = spec.workspace / "inputs"
     if inputs.is_dir():
         argv += ["--ro-bind", str(inputs), str(WORKSPACE / "inputs")]
@@ -177,9 +201,69 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
                          (spec.attempt_context, ATTEMPT_CONTEXT)):
         if host is not None:
             argv += ["--ro-bind-try", str(host), str(inside)]
-    argv += ["--remount-ro", str(MOUNTS), "--remount-ro", "/", "--chdir", str(WORKSPACE),
-             "--", *command]
     return argv
+
+
+_RUN_DIRS = ("/run", "/var/run")  # where daemons bind their sockets (FHS)
+_UNIX_SOCKETS = "/proc/net/unix"
+
+
+def _empty_run() -> list[str]:
+    """An empty ``/run`` (and ``/var/run`` unless it links there); ``/etc``'s links kept."""
+    argv: list[str] = []
+    for run in _RUN_DIRS:
+        if os.path.isdir(run) and not os.path.islink(run):
+            argv += ["--tmpfs", run]
+    for kept in _etc_links_into_run():
+        argv += ["--ro-bind", kept, kept]
+    return argv
+
+
+@functools.lru_cache(maxsize=1)
+def _etc_links_into_run() -> tuple[str, ...]:
+    """Files ``/etc`` links into ``/run`` (``resolv.conf`` under systemd-resolved).
+
+    Shown again over the empty ``/run``, or an agent with network could not resolve a
+    name. Looked up once per process.
+    """
+    out: list[str] = []
+    with contextlib.suppress(OSError), os.scandir("/etc") as entries:
+        for entry in entries:
+            if not entry.is_symlink():
+                continue
+            real = os.path.realpath(entry.path)
+            if any(_under(Path(real), run) for run in _RUN_DIRS) and os.path.isfile(real):
+                out.append(real)
+    return tuple(sorted(out))
+
+
+def host_sockets(expose: Iterable[Path] = ()) -> list[str]:
+    """Unix sockets bound to a path that an agent would still see, to cover with /dev/null.
+
+    From ``/proc/net/unix`` (sockets bound in this network namespace), read for every
+    attempt since daemons come and go. Those under ``/run`` and ``/tmp`` are already out of
+    sight (unless under an ``expose``d ``/tmp`` directory); a path that is not a socket
+    here (bound in another mount namespace) is left alone.
+    """
+    try:
+        with open(_UNIX_SOCKETS, encoding="utf-8", errors="surrogateescape") as fh:
+            lines = fh.read().splitlines()[1:]
+    except OSError:
+        return []
+    hidden = ("/tmp", *_RUN_DIRS)
+    out: set[str] = set()
+    for line in lines:
+        fields = line.split(None, 7)
+        if len(fields) < 8 or not fields[7].startswith("/"):
+            continue  # unbound, or abstract (@name: only a shared network namespace)
+        path = fields[7]
+        if any(_under(Path(path), top) for top in hidden) and not any(
+                _under(Path(path), str(e)) for e in expose):
+            continue
+        with contextlib.suppress(OSError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                out.add(path)
+    return sorted(out)
 
 
 def sandbox_environment(env: Mapping[str, str]) -> dict[str, str]:
