@@ -294,6 +294,25 @@ def test_claude_endpoint_is_checked_the_way_claude_would_go(
         assert got.startswith(reached.format(**ports))
 
 
+def test_a_fallback_gets_one_attempt_when_pre_flight_leaves_the_primary_out(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's "one attempt each" holds whether or not pre-flight ran (before: with
+    the primary skipped, the first fallback took the primary's max_attempts)."""
+    data = topo(a={"fallback": ["failing", "sim"], "max_attempts": 3}, b={"agent": "sim"})
+    data["agents"]["failing"] = {"kind": "command", "argv": ["sh", "-c", "exit 2"],
+                                 "sandbox": False}
+    project.write_topology(data)
+    for run_id, flags in (("pre", ()), ("nopre", ("--no-preflight",))):
+        assert main(project.cli("run", str(project.topology), "--run-id", run_id,
+                                *flags)) == 0, capsys.readouterr().err
+        ledger = (project.artifacts / "runs" / run_id / "ledger.jsonl").read_text()
+        started = [json.loads(line) for line in ledger.splitlines()
+                   if '"attempt.started"' in line and '"node":"a"' in line]
+        profiles = [e["profile"] for e in started]
+        assert profiles[-2:] == ["failing", "sim"], (run_id, profiles)
+        assert profiles.count("failing") == 1, (run_id, profiles)
+
+
 def test_run_starts_a_node_on_its_fallback(project: Project,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     project.write_topology(topo(a={"fallback": ["sim"]}, b={"agent": "sim"}))

@@ -57,16 +57,20 @@ class NodePolicy(BaseModel):
         default=RATE_LIMIT_WAIT_S,
         description="Total wait for rate_limited replies, uncharged, before they count.")
     profiles: tuple[str, ...] = Field(
-        description="The primary profile, then each fallback (one attempt each).")
+        description="The profiles in the order tried: the primary, then each fallback.")
+    primary: str = Field(
+        description="The profile that gets max_attempts (the node's agent, or --agent); "
+                    "every other one gets one attempt, also when pre-flight left the "
+                    "primary out.")
 
     @property
     def ceiling(self) -> int:
         """The most charged attempts the node can ever make."""
-        return self.max_attempts + len(self.profiles) - 1
+        return sum(self.allowance(i) for i in range(len(self.profiles)))
 
     def allowance(self, index: int) -> int:
         """Charged attempts allowed on ``profiles[index]``."""
-        return self.max_attempts if index == 0 else 1
+        return self.max_attempts if self.profiles[index] == self.primary else 1
 
 
 class StopReason(StrEnum):
@@ -249,4 +253,5 @@ def build_policy(node: PlanNode, overrides: NodeOverrides | None, *, agent: str 
         rate_limit_wait_s=o.rate_limit_wait_s if o.rate_limit_wait_s is not None
         else RATE_LIMIT_WAIT_S,
         profiles=usable or profiles,
+        primary=profiles[0],
     )
