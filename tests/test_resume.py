@@ -132,10 +132,16 @@ def test_lost_attempts_are_not_charged_but_three_in_a_row_fail(tmp_path: Path) -
 
 
 def test_one_lost_attempt_is_retried_without_charge(tmp_path: Path) -> None:
-    result = resume_run(_crashed_single_node_run(tmp_path))
+    from runtime.run.records import AttemptContext
+
+    run_dir = _crashed_single_node_run(tmp_path)
+    result = resume_run(run_dir)
     assert result.status is RunStatus.SUCCEEDED
     assert [a.outcome for a in result.state.nodes["a"].attempts] == [FailureClass.LOST,
                                                                      "succeeded"]
+    # Attempt 2 of 2, not "2 of 1": the lost attempt was not charged (max_attempts 1).
+    second = run_dir / "nodes" / "a" / "attempts" / "2" / "attempt.json"
+    assert AttemptContext.model_validate_json(second.read_bytes()).max_attempts == 2
 
 
 def _gated(blocked: str, release: Path) -> dict[str, Any]:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from runtime.batch import run_batch
 from runtime.cli import main
 from runtime.failures import FailureClass, NodeStatus, RunStatus
+from runtime.report.html import render_run_report
 from runtime.run.events import RunStarted, read_events
+from runtime.run.records import AttemptContext
 from runtime.run.start import RetryRequest, retry_run
 from runtime.run.summary import BatchSummary
 from tests.conftest import Project, make_topology, python_agents, run_topology
@@ -49,6 +53,29 @@ def test_a_retried_node_gets_a_fresh_max_attempts(project: Project) -> None:
     assert a.status is NodeStatus.FAILED
     assert a.retry_from == 2
     assert "attempts exhausted (2 of 2" in (a.reason or "")
+
+
+@pytest.mark.parametrize("feedback", ["in the plan", "turned on by retry --set"])
+def test_the_first_retried_attempt_names_the_failure_that_caused_the_retry(
+        project: Project, feedback: str) -> None:
+    """Before: after `runtime retry` the node's first attempt had no preamble (it replayed
+    the prompt that had just failed) and the later ones read "attempt 3 of 2"."""
+    topo = make_topology({"a": []}, a={"max_attempts": 2, "retry_feedback":
+                                       feedback == "in the plan"})
+    topo["agents"] = python_agents("always_exit_2")
+    topo["defaults"] = {"agent": "always_exit_2"}
+    run_dir = Path(run_topology(project, topo).run_dir)
+    sets = ("a.retry_feedback=true",) if feedback != "in the plan" else ()
+    result = retry_run(run_dir, RetryRequest(sets=sets))
+    assert [r.attempt for r in result.state.nodes["a"].attempts] == [1, 2, 3, 4]
+    adir = run_dir / "nodes" / "a" / "attempts"
+    first = AttemptContext.model_validate_json((adir / "3" / "attempt.json").read_bytes())
+    assert (first.trigger, first.prior_attempt, first.max_attempts) == ("retry", 2, 4)
+    assert "# Retry: attempt 3 of 4" in (adir / "3" / "prompt.md").read_text()
+    assert "<prior-failure-v1>" in (adir / "3" / "prompt.md").read_text()
+    assert "# Retry: attempt 4 of 4" in (adir / "4" / "prompt.md").read_text()
+    page = render_run_report(run_dir).read_text()
+    assert "attempts 4 · max_attempts 2 per try · retry_feedback true" in page
 
 
 def test_retry_of_a_succeeded_run_changes_nothing(project: Project) -> None:

@@ -23,6 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import jinja2
@@ -134,6 +135,7 @@ class NodeView:
     attempts: list[AttemptView]
     artifacts: list[tuple[str, str | None]]
     findings: int
+    retried: bool = False  # `runtime retry` gave it a fresh max_attempts
 
 
 def _display_status(ns: NodeState) -> str:
@@ -159,6 +161,8 @@ def _note(ns: NodeState, state: RunState) -> str:
 def _node_view(run_dir: Path, manifest: Manifest, state: RunState, nid: str,  # noqa: PLR0913
                starts: dict[tuple[str, int], AttemptStarted], findings: int) -> NodeView:
     pn, ns = manifest.nodes[nid], state.nodes[nid]
+    # What the run last ran the node with: the plan's values unless `--set` changed them.
+    set_: dict[str, Any] = state.settings.get("overrides", {}).get(nid, {})
     attempts = _attempt_views(run_dir, nid, ns, starts)
     status = _display_status(ns)
     started = min((a.started for a in attempts if a.started), default=None)
@@ -176,10 +180,11 @@ def _node_view(run_dir: Path, manifest: Manifest, state: RunState, nid: str,  # 
     label = f"{STATUS_STYLE[status]['symbol']} {word} · {len(ns.attempts)} attempt{plural}"
     return NodeView(
         id=nid, status=status, label=label, note=_note(ns, state), objective=pn.objective or "",
-        prompt_digest=pn.prompt_digest, max_attempts=pn.max_attempts,
-        retry_feedback=pn.retry_feedback, started=started,
+        prompt_digest=pn.prompt_digest, max_attempts=int(set_.get("max_attempts",
+                                                                 pn.max_attempts)),
+        retry_feedback=bool(set_.get("retry_feedback", pn.retry_feedback)), started=started,
         duration=(max(ends) - started) if started and ends else None, attempts=attempts,
-        artifacts=artifacts, findings=findings)
+        artifacts=artifacts, findings=findings, retried=ns.retry_from > 1)
 
 
 def _attempt_views(run_dir: Path, nid: str, ns: NodeState,

@@ -179,7 +179,7 @@ class Attempt:
             raise _Failed(FailureClass.DIGEST_MISMATCH, str(exc)) from None
         preamble = None
         if spec.policy.retry_feedback and spec.trigger == "retry" and spec.prior_failures:
-            preamble = render_preamble(spec.number, spec.policy.ceiling,
+            preamble = render_preamble(spec.number, spec.last_number,
                                        list(spec.prior_failures),
                                        spec.policy.feedback_max_bytes)
         prompt = assemble_prompt(
@@ -219,7 +219,7 @@ class Attempt:
         spec = self.spec
         return AttemptContext.model_validate(dict(
             run_id=self.ctx.run_id, node=spec.node_id, attempt=spec.number,
-            max_attempts=spec.policy.ceiling, trigger=spec.trigger,
+            max_attempts=spec.last_number, trigger=spec.trigger,
             prior_attempt=spec.prior_attempt, profile=spec.profile,
             profile_digest=self.ctx.profile_digest(spec.profile),
             plan_prompt_digest=self.node.prompt_digest, prompt_digest=self._prompt_digest,
@@ -283,7 +283,7 @@ class Attempt:
         profile = self.ctx.manifest.agents[self.spec.profile]
         request = AgentRequest(
             run_id=self.ctx.run_id, node=self.spec.node_id, attempt=self.spec.number,
-            max_attempts=self.spec.policy.ceiling, profile_name=self.spec.profile,
+            max_attempts=self.spec.last_number, profile_name=self.spec.profile,
             profile=profile, prompt=prompt, inputs=self._inputs(ws),
             env_names=tuple(getattr(profile, "env", ())), timeout_s=timeout,
             artifacts=tuple(self.node.artifacts),
@@ -354,7 +354,7 @@ class Attempt:
             "RUNTIME_RUN_ID": self.ctx.run_id, "RUNTIME_NODE": self.spec.node_id,
             "RUNTIME_RUN_KEY": self.ctx.run_key,
             "RUNTIME_ATTEMPT": str(self.spec.number),
-            "RUNTIME_MAX_ATTEMPTS": str(self.spec.policy.ceiling),
+            "RUNTIME_MAX_ATTEMPTS": str(self.spec.last_number),
             "RUNTIME_WORKSPACE": str(ws),
             "RUNTIME_PROMPT_FILE": str(adir / "prompt.md"),
             "RUNTIME_ATTEMPT_CONTEXT": str(adir / "attempt.json"),

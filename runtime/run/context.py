@@ -103,6 +103,7 @@ class AttemptSpec:
     trigger: Literal["initial", "retry"]
     prior_attempt: int | None
     policy: NodePolicy
+    last_number: int  # the highest attempt number this attempt's try can reach
     prior_failures: tuple[PriorFailure, ...] = ()
     waited_s: float = 0.0
 

@@ -49,6 +49,9 @@ class NodeExecutor:
         # longer count: the node starts with a fresh max_attempts.
         self.history: list[AttemptRecord] = [a for a in prior.attempts if a.outcome is not None
                                              and a.attempt >= prior.retry_from]
+        # ... but what they failed with is what the first retried attempt's preamble names.
+        self.earlier: list[AttemptRecord] = [a for a in prior.attempts if a.outcome is not None
+                                             and a.attempt < prior.retry_from]
         self._last_number = max((a.attempt for a in prior.attempts), default=0)
         self._waited_for: int | None = None  # the attempt number whose wait was served
 
@@ -120,12 +123,17 @@ class NodeExecutor:
         return None
 
     def _spec(self, step: Run) -> AttemptSpec:
-        last = self.history[-1] if self.history else None
+        tried = self.earlier + self.history
+        last = tried[-1] if tried else None
+        charged = sum(1 for r in self.history if r.outcome is not None and r.outcome.is_charged())
         return AttemptSpec(
             node_id=self.node_id, number=step.number, profile=step.profile,
             trigger="retry" if last is not None else "initial",
             prior_attempt=last.attempt if last is not None else None, policy=self.policy,
-            prior_failures=tuple(self._prior_failures()) if last is not None else (),
+            # Attempt numbers go on across `runtime retry` and uncharged (lost, cancelled)
+            # attempts: the last number this try can reach, so "attempt k of N" has k <= N.
+            last_number=step.number + self.policy.ceiling - charged - 1,
+            prior_failures=tuple(self._prior_failures(tried)) if last is not None else (),
             waited_s=step.wait_s if last is not None
             and last.outcome is Outcome.RATE_LIMITED else 0.0)
 
@@ -148,14 +156,17 @@ class NodeExecutor:
                                artifacts=dict(self.history[-1].artifacts))
         return NodeOutcome(status, stop.failure, stop.detail, count)
 
-    def _prior_failures(self) -> list[PriorFailure]:
+    @staticmethod
+    def _prior_failures(tried: list[AttemptRecord]) -> list[PriorFailure]:
         """Distinct prior failures, newest first, deduplicated by fingerprint.
 
-        All from the ledger (an agent can write attempt.json, never the ledger).
+        Those of earlier tries too: a retried node's first attempt must not replay the
+        prompt that just failed. All from the ledger (an agent can write attempt.json,
+        never the ledger).
         """
         seen: set[str] = set()
         out = []
-        for rec in reversed(self.history):
+        for rec in reversed(tried):
             failure = rec.outcome.failure if rec.outcome is not None else None
             if failure is None or rec.fingerprint is None:
                 continue

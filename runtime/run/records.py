@@ -97,7 +97,10 @@ class AttemptContext(BaseModel):
         run_id: the run's id.
         node: the node's id.
         attempt: this attempt's number.
-        max_attempts: the node's ceiling on charged attempts.
+        max_attempts: the highest attempt number this attempt's try can reach: the
+            node's ceiling on charged attempts, counted on from the attempts before
+            it that do not count (an earlier try's, before ``runtime retry``; lost
+            or cancelled ones).
         trigger: ``initial`` or ``retry``.
         prior_attempt: the attempt this one retries (None for an initial attempt).
         profile: the agent profile the attempt runs on.
