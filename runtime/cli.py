@@ -506,6 +506,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """``runtime resume``: continue an interrupted run."""
+    from runtime.failures import RunStatus
     from runtime.run.read import resolve_run_dir
     from runtime.run.start import resume_run
 
@@ -515,6 +516,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with _cancel_on_signals() as cancel:
         result = resume_run(run_dir, redactor=redactor, hooks=_hooks(cancel, args),
                             deadline_at=deadline_at)
+    if not result.resumed and result.status is not RunStatus.SUCCEEDED:
+        sys.stderr.write(f"run {result.run_id} had already finished ({result.status}): "
+                         f"nothing to resume; `runtime retry {run_dir}` re-runs its failed "
+                         "and skipped nodes (`--deadline S` gives them a new limit)\n")
     return _report_run(args, result)
 
 

@@ -25,7 +25,10 @@ def event_line(ev: Any) -> str:
         case "node.failed":
             text = f"{ev.node}: failed, {ev.failure}: {ev.reason}"
         case "node.skipped":
-            why = f"upstream {ev.failed_ancestor} failed" if ev.failed_ancestor else ev.reason
+            why = ev.reason
+            if ev.failed_ancestor:
+                why = f"upstream {ev.failed_ancestor} " + (
+                    f"not finished: {ev.reason}" if ev.reason else "failed")
             text = f"{ev.node}: skipped ({why})"
         case _:
             return ""

@@ -11,7 +11,7 @@ import pytest
 from runtime.cli import main
 from runtime.failures import Outcome
 from runtime.run.events import AttemptFinished, AttemptStarted, Event, NodeSkipped
-from tests.conftest import REPO, Project, make_topology
+from tests.conftest import REPO, Project, make_topology, python_agents
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -300,6 +300,8 @@ def test_signal_handlers_are_restored_after_a_run(
     (AttemptFinished(node="a", attempt=1, outcome=Outcome.SUCCEEDED), ""),
     (NodeSkipped(node="b", failed_ancestor="a"), "b: skipped (upstream a failed)"),
     (NodeSkipped(node="b", reason="run deadline passed"), "b: skipped (run deadline passed)"),
+    (NodeSkipped(node="b", failed_ancestor="a", reason="run deadline passed"),
+     "b: skipped (upstream a not finished: run deadline passed)"),
 ])
 def test_progress_lines_name_the_node_and_keep_escapes_out(event: Event, line: str) -> None:
     from runtime.eventlines import event_line
@@ -344,6 +346,20 @@ def test_a_full_disk_at_the_end_of_a_run_loses_no_outcome(
     assert code == 0, err
     assert json.loads((run_dir / "state.json").read_text())["status"] == "succeeded"
     assert (run_dir / "report.html").is_file()
+
+
+def test_resume_of_a_failed_run_points_at_retry(project: Project,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    topo = make_topology({"a": []}, a={"max_attempts": 1})
+    topo["agents"] = python_agents("always_exit_2")
+    topo["defaults"] = {"agent": "always_exit_2"}
+    project.write_topology(topo)
+    assert _run(capsys, *project.cli("run", str(project.topology), "--run-id", "f"))[0] == 1
+    run_dir = project.artifacts / "runs" / "f"
+    code, _, err = _run(capsys, *project.cli("resume", str(run_dir), "--deadline", "60"))
+    assert code == 1
+    assert (f"run f had already finished (failed): nothing to resume; `runtime retry "
+            f"{run_dir}` re-runs its failed and skipped nodes") in err
 
 
 def test_resume_of_a_finished_run_whose_views_cannot_be_written_only_warns(

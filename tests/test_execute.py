@@ -118,6 +118,22 @@ def test_deadline_stops_new_attempts(project: Project) -> None:
     assert result.state.nodes["b"].status is NodeStatus.SKIPPED
 
 
+def test_an_attempt_the_deadline_stops_is_not_the_nodes_failure(project: Project) -> None:
+    """Before: the attempt was the node's own agent_timeout ("not in retry_on"), the node
+    failed, and its descendants were skipped as if it had."""
+    import time
+
+    topo = _topo("cmd", {"a": [], "b": ["a"]}, a={"max_attempts": 3})
+    topo["agents"]["cmd"] = {"kind": "command", "argv": ["sleep", "30"], "sandbox": False}
+    result = run_topology(project, topo, deadline_at=time.time() + 1.0)
+    a, b = result.state.nodes["a"], result.state.nodes["b"]
+    assert [r.outcome for r in a.attempts] == [Outcome.CANCELLED]
+    assert a.attempts[0].error == "stopped at the run's deadline (--deadline)"
+    assert (a.status, a.reason) == (NodeStatus.SKIPPED, "run deadline passed")
+    assert (b.status, b.failed_ancestor) == (NodeStatus.SKIPPED, "a")
+    assert result.state.attempts_used == 1
+
+
 def test_digest_mismatch_is_never_retried(project: Project) -> None:
     from runtime.run.start import Hooks
 

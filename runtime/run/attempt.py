@@ -105,6 +105,7 @@ class Attempt:
         self._context_bytes = b""
         self._context_fd: int | None = None  # attempt.json, kept open for the final record
         self._records_optional = False  # set once the attempt ends early
+        self._deadline_cut = False  # the run's deadline comes before the node's timeout
 
     def run(self) -> AttemptRecord:
         """Run the attempt on the run's engine, blocking, and return the record it wrote.
@@ -279,7 +280,9 @@ class Attempt:
         ws = self.ctx.layout.workspace(self.spec.node_id)
         timeout = self.spec.policy.timeout_s
         if self.ctx.settings.deadline_at is not None:
-            timeout = max(0.001, min(timeout, self.ctx.settings.deadline_at - self.ctx.clock()))
+            left = self.ctx.settings.deadline_at - self.ctx.clock()
+            if left < timeout:  # stopped then, it is the run's deadline, not the node's fault
+                timeout, self._deadline_cut = max(0.001, left), True
         profile = self.ctx.manifest.agents[self.spec.profile]
         request = AgentRequest(
             run_id=self.ctx.run_id, node=self.spec.node_id, attempt=self.spec.number,
@@ -382,6 +385,9 @@ class Attempt:
             return FailureClass.LAUNCH_ERROR, exit_.launch_error
         if exit_.cancelled:
             return FailureClass.CANCELLED, "cancelled by the operator"
+        if exit_.timed_out and self._deadline_cut:
+            # Uncharged, like an operator's stop: the node did nothing wrong.
+            return FailureClass.CANCELLED, "stopped at the run's deadline (--deadline)"
         if exit_.timed_out:
             tail = self._error_tail(stderr)
             return FailureClass.AGENT_TIMEOUT, f"timed out after {timeout:g} s\n{tail}".strip()

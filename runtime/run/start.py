@@ -50,6 +50,7 @@ class RunResult:
     run_dir: Path
     status: RunStatus
     state: RunState
+    resumed: bool = True  # False: `resume` found the run already finished, nothing ran
 
 
 @dataclass(frozen=True)
@@ -211,7 +212,7 @@ def _continue(run_dir: Path, redactor: Redactor | None, hooks: Hooks | None,
     if finished and not retried:
         # A kill after run.finished but before the snapshot left state.json stale.
         write_final_state(layout.state, state)
-        return RunResult(state.run_id, run_dir, state.status, state)
+        return RunResult(state.run_id, run_dir, state.status, state, resumed=False)
     settings = _with_operator_prompt(layout, RunSettings.model_validate(state.settings))
     if retry is not None:
         settings = _retry_settings(manifest, settings, retry)
