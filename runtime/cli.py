@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="compile topologies into sealed plans")
     p.add_argument("topologies", nargs="+", type=Path, metavar="TOPOLOGY")
-    p.add_argument("--golden-out", type=Path, metavar="FILE",
+    p.add_argument("--golden-out", type=_file_path, metavar="FILE",
                    help="also write the golden digest file for `verify --golden`")
     _common(p, plans=True)
     p.set_defaults(handler=cmd_plan)
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["sarif", "json", "table"], default=None,
                    help="sarif: one SARIF 2.1.0 log; json: flat findings with counts; "
                    "table (default)")
-    p.add_argument("-o", "--output", type=Path, metavar="FILE",
+    p.add_argument("-o", "--output", type=_file_path, metavar="FILE",
                    help="write to FILE instead of stdout")
     _common(p, plans=False)
     p.set_defaults(handler=cmd_findings)
@@ -268,11 +268,21 @@ def _check_path(flag: str, path: Path, *, want_dir: bool) -> None:
         kind = "is a directory; give a file path" if path.is_dir() else \
             "is not a directory; give a directory (it is created if missing)"
         raise UsageError(f"{flag} {path}: {kind}")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise UsageError(f"{flag} {path}: {parent} is not a directory")
+    for where in (path, *path.parents):
+        if where.exists():
+            if where != path and not where.is_dir():
+                raise UsageError(f"{flag} {path}: {where} is not a directory")
+            if not os.access(where if where.is_dir() else where.parent, os.W_OK):
+                raise UsageError(f"{flag} {path}: {where} cannot be written (read-only, or "
+                                 "not yours); give a path the runtime can write")
             break
+
+
+def _file_path(text: str) -> Path:
+    """An output file's path (argparse type): one ending in ``/`` names a directory."""
+    if text.endswith("/"):
+        raise argparse.ArgumentTypeError(f"{text} names a directory; give a file path")
+    return Path(text)
 
 
 def _read_operator_prompt(path: Path) -> str:
@@ -604,6 +614,7 @@ def cmd_findings(args: argparse.Namespace) -> int:
     if args.output is not None:
         from runtime.files import replace_atomically
 
+        _check_path("-o", args.output, want_dir=False)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         replace_atomically(args.output, data)
         _emit(args, {"output": str(args.output), "format": fmt, "counts": counts,
@@ -812,6 +823,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return EXIT_INTERRUPTED
+    except OSError as exc:  # the environment: a path the runtime was told to use
+        if os.environ.get("RUNTIME_DEBUG"):
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        sys.stderr.write(f"error: {where}{exc.strerror or exc}\n")
+        return EXIT_INVALID
 
 
 def entry() -> None:

@@ -84,12 +84,31 @@ def test_run_rejects_an_existing_run_id_before_planning(
     (["batch", "{topo}", "--node-jobs", "300"], "--node-jobs 300: must be from 1 to 256"),
     (["batch", "{topo}", "--jobs", "0"], "--jobs 0: must be from 1 to 256"),
     (["resume", "r", "--deadline", "nan"], "--deadline nan: must be a positive"),
+    (["plan", "{topo}", "--golden-out", "{tmp}/new/"], "{tmp}/new/ names a directory; give a "
+     "file path"),
 ])
 def test_plan_batch_resume_inputs(project: Project, topo: Path, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str], argv: list[str],
                                   message: str) -> None:
     argv = [a.format(topo=topo, tmp=tmp_path) for a in argv]
     _invalid(project, capsys, project.cli(*argv), message.format(topo=topo, tmp=tmp_path))
+
+
+@pytest.mark.parametrize(("output", "message"), [
+    ("{tmp}", "-o {tmp}: is a directory; give a file path"),
+    ("{tmp}/new/", "{tmp}/new/ names a directory; give a file path"),
+])
+def test_findings_output_must_be_a_file(project: Project, topo: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str], output: str,
+                                        message: str) -> None:
+    """Before: a traceback, and a temporary file left in the directory's parent."""
+    assert main(project.cli("run", str(topo), "--run-id", "r")) == 0
+    capsys.readouterr()
+    before = sorted(p.name for p in tmp_path.parent.iterdir())
+    out = output.format(tmp=tmp_path)
+    _invalid(project, capsys, project.cli("findings", "r", "-o", out),
+             message.format(tmp=tmp_path))
+    assert sorted(p.name for p in tmp_path.parent.iterdir()) == before
 
 
 @pytest.mark.parametrize("verb", ["plan", "run", "batch"])
@@ -100,6 +119,14 @@ def test_artifacts_that_is_a_file(project: Project, topo: Path, tmp_path: Path,
     argv = [verb, str(topo), "--prompts", str(project.prompts), "--artifacts", str(afile)]
     _invalid(project, capsys, argv, f"--artifacts {afile}: is not a directory")
     assert afile.read_text() == "root:x:0:0\n"
+
+
+@pytest.mark.parametrize("verb", ["plan", "run", "batch"])
+def test_artifacts_that_cannot_be_written(project: Project, topo: Path,
+                                          capsys: pytest.CaptureFixture[str], verb: str) -> None:
+    """Before: a traceback from deep in the planner (exit 1)."""
+    argv = [verb, str(topo), "--prompts", str(project.prompts), "--artifacts", "/proc/self/x"]
+    _invalid(project, capsys, argv, "--artifacts /proc/self/x: /proc/self cannot be written")
 
 
 @pytest.mark.parametrize(("template", "message"), [
