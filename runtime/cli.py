@@ -511,6 +511,10 @@ def cmd_batch(args: argparse.Namespace) -> int:
         sys.stdout.write(f"findings: {_counts_text(summary.findings)} in "
                          f"{batch_dir / 'findings.sarif'}\n")
         sys.stdout.write(f"summary: {batch_dir / 'summary.json'}\nreport: {report}\n")
+    if summary.status == "cancelled":
+        again = shlex.join(["runtime", "batch", *map(str, args.paths), "--batch-id",
+                            summary.batch_id, "--artifacts", str(args.artifacts)])
+        sys.stderr.write(f"interrupted; the batch is resumable: {again}\n")
     return _exit_for(summary.status)
 
 

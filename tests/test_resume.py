@@ -239,6 +239,47 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
     _check_invariants(project.artifacts / "runs" / "int")
 
 
+@pytest.mark.slow
+def test_an_interrupted_batch_says_how_to_resume_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: exit 130 with no hint, and `runtime resume BATCH` said 'not a run
+    directory'."""
+    project = Project(tmp_path / "proj")
+    project.root.mkdir()
+    project.template("task.md.j2", "Task for {{ node.id }}.\n")
+    topo = make_topology({"a": []})
+    release = tmp_path / "release"
+    topo["agents"] = {"slow": _gated("a", release)}
+    topo["defaults"] = {"agent": "slow"}
+    project.write_topology(topo)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runtime", *project.cli("batch", str(project.topology),
+                                                        "--batch-id", "b5", "--no-progress")],
+        cwd=project.root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True)
+    _wait_for_file(project.artifacts / "runs")
+    started = next((project.artifacts / "runs").glob("*/nodes/a/workspace"), None)
+    deadline = time.monotonic() + 60
+    while started is None or not (started / "started").exists():
+        assert time.monotonic() < deadline, "the batch's agent never started"
+        time.sleep(0.01)
+        started = next((project.artifacts / "runs").glob("*/nodes/a/workspace"), None)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert (f"interrupted; the batch is resumable: runtime batch {project.topology} "
+            f"--batch-id b5 --artifacts {project.artifacts}") in err
+    from runtime.cli import main
+
+    release.touch()
+    assert main(project.cli("resume", "b5")) == 2
+    assert "b5 is a batch, not a run: `runtime batch PATH... --batch-id b5`" in \
+        capsys.readouterr().err
+    assert main(["batch", str(project.topology), "--batch-id", "b5", "--no-progress",
+                 "--prompts", str(project.prompts), "--artifacts", str(project.artifacts)]) == 0
+
+
 def test_resume_can_extend_the_deadline(tmp_path: Path) -> None:
     import time as _time
 

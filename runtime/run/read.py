@@ -23,6 +23,10 @@ def resolve_run_dir(run: str, artifacts: Path) -> Path:
     by_id = artifacts / "runs" / run
     if (by_id / "ledger.jsonl").is_file():
         return by_id
+    if (artifacts / "batches" / run / "summary.json").is_file() or (
+            candidate / "summary.json").is_file():
+        raise UsageError(f"{run} is a batch, not a run: `runtime batch PATH... --batch-id "
+                         f"{candidate.name}` resumes its unfinished runs")
     raise UsageError(f"{run}: not a run directory (no ledger.jsonl) and no run with that id "
                      f"under {artifacts / 'runs'}")
 
