@@ -10,6 +10,7 @@ of the batch merged (``findings.py``), with the counts per level in the summary.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -117,8 +118,52 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
     overrides = _overrides(options.sets, planned)
     decisions = _preflight(planned, options) if options.preflight else {}
     with hold(batch_dir, f"batch {batch_id}"):
+        _check_same_batch(batch_dir, batch_id, topologies, planned, options.artifacts)
         return _run_locked(topologies, planned, overrides, decisions, batch_id, batch_dir,
                            options, progress, cancel, on_entry)
+
+
+def _check_same_batch(batch_dir: Path, batch_id: str, topologies: list[Path],
+                      planned: dict[str, CompiledPlan | BatchEntry], artifacts: Path) -> None:
+    """Resuming a batch takes the same topologies, compiling to the same plans.
+
+    Otherwise the batch would be rewritten in silence: its summary would drop the runs
+    not given again, or report an old run under a topology that now means another plan.
+    """
+    path = batch_dir / "summary.json"
+    if not path.is_file():
+        return
+    try:
+        old = BatchSummary.model_validate_json(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise RecordError(path, f"cannot be read to resume the batch: {exc}") from None
+    had = sorted(os.path.realpath(e.source) for e in old.entries)
+    given = sorted(os.path.realpath(p) for p in topologies)
+    if had != given:
+        raise UsageError(
+            f"batch {batch_id} ran {', '.join(e.source for e in old.entries)}; this command "
+            f"gives {', '.join(map(str, topologies))}: give the same paths to resume it, or "
+            "another --batch-id")
+    changed = []
+    for source, plan in planned.items():
+        if not isinstance(plan, CompiledPlan):
+            continue
+        ledger = artifacts / "runs" / f"{batch_id}-{plan.manifest.topology.name}" / "ledger.jsonl"
+        first = _first_plan_digest(ledger)
+        if first is not None and first != plan.digest:
+            changed.append(f"{source} (plan {first[:12]} -> {plan.digest[:12]})")
+    if changed:
+        raise UsageError(f"batch {batch_id}: {', '.join(changed)} changed since the batch ran "
+                         "it; run the new version under another --batch-id")
+
+
+def _first_plan_digest(ledger: Path) -> str | None:
+    """The plan digest a run started with (its ledger's first line), or None."""
+    try:
+        with open(ledger, "rb") as fh:
+            return str(json.loads(fh.readline()).get("plan_digest")) or None
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 # PLR0913: Private body of run_batch under its lock: the batch's already-built parts.

@@ -1,13 +1,16 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 from pydantic.main import IncEx
 
 from runtime.batch import BatchOptions, run_batch
 from runtime.cli import main
+from runtime.errors import UsageError
 from runtime.prompt.redact import Redactor
 from runtime.run.summary import BatchSummary
 from tests.conftest import Project, make_topology
@@ -69,6 +72,29 @@ def test_same_batch_id_resumes_and_keeps_finished_runs(batch_project: Project) -
                                                                      batch_id="b2"))
     assert ledger.read_bytes() == before  # a finished run is not run again
     assert [e.status for e in second.entries] == [e.status for e in first.entries]
+
+
+@pytest.mark.parametrize("change", ["fewer topologies", "an edited topology"])
+def test_a_batch_id_again_with_other_inputs_is_refused(batch_project: Project,
+                                                       change: str) -> None:
+    """Before: the batch was rewritten in silence (its summary lost the runs not given
+    again, or reported an old run under a topology that now compiles to another plan)."""
+    topologies = batch_project.root / "topologies"
+    run_batch([topologies], _options(batch_project, batch_id="b3"))
+    summary = batch_project.artifacts / "batches" / "b3" / "summary.json"
+    before = summary.read_bytes()
+    given = [topologies]
+    if change == "fewer topologies":
+        given = [topologies / "good.yaml"]
+        message = "give the same paths to resume it, or another --batch-id"
+    else:
+        good = yaml.safe_load((topologies / "good.yaml").read_text())
+        good["nodes"][0]["max_attempts"] = 5
+        (topologies / "good.yaml").write_text(yaml.safe_dump(good, sort_keys=False))
+        message = "good.yaml (plan "
+    with pytest.raises(UsageError, match=re.escape(message)):
+        run_batch(given, _options(batch_project, batch_id="b3"))
+    assert summary.read_bytes() == before
 
 
 def test_batch_cli_json_and_reports(batch_project: Project,
