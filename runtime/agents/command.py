@@ -93,11 +93,15 @@ class CommandAgent:
         return out
 
     def launch_argv(self, inv: Invocation, env: dict[str, str],
-                    ) -> tuple[list[str], dict[str, str]] | str:
-        """The argv and environment to start, or why they cannot be started."""
+                    ) -> tuple[list[str], dict[str, str], dict[str, int]] | str:
+        """The argv, environment and descriptors to pass to start, or why it cannot start.
+
+        The descriptors (host path -> fd: the private files' copies) are the caller's to
+        close once the process has started.
+        """
         settings = self.profile.sandbox
         if settings is False:
-            return self.argv(inv), env
+            return self.argv(inv), env, {}
         bwrap = sandbox.find_bubblewrap()
         if bwrap is None:
             return f"bubblewrap (bwrap) is not installed: {sandbox.FIX}"
@@ -115,8 +119,11 @@ class CommandAgent:
         problem = sandbox.create_writable_dirs(spec)
         if problem is not None:
             return problem
-        return (sandbox.bwrap_argv(bwrap.path, spec, self.argv(inv, inside=True)),
-                sandbox.sandbox_environment(env))
+        fds = sandbox.open_private_files(spec)
+        if isinstance(fds, str):
+            return fds
+        return (sandbox.bwrap_argv(bwrap.path, spec, self.argv(inv, inside=True), fds),
+                sandbox.sandbox_environment(env), fds)
 
     def run(self, inv: Invocation) -> AgentExit:
         """Launch the agent (sandboxed unless the profile opts out), supervise it, read its result.
@@ -144,7 +151,7 @@ class CommandAgent:
                                                          self.environ))
         if isinstance(launch, str):
             return AgentExit(launch_error=launch)
-        argv, env = launch
+        argv, env, fds = launch
         stdin = subprocess.PIPE if self.profile.prompt_via == "stdin" else subprocess.DEVNULL
         procs.become_subreaper()
         started_at, started = time.time(), time.monotonic()
@@ -152,10 +159,14 @@ class CommandAgent:
             with procs.launch_lock:
                 proc = subprocess.Popen(
                     argv, cwd=inv.workspace, env=env, stdin=stdin, stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE, start_new_session=True)
+                    stderr=subprocess.PIPE, start_new_session=True,
+                    pass_fds=tuple(fds.values()))
                 procs.register(proc.pid)
         except OSError as exc:
             return AgentExit(launch_error=f"{self.profile.argv[0]}: {exc.strerror or exc}")
+        finally:
+            for fd in fds.values():  # bubblewrap has its own copies
+                os.close(fd)
         leader = procs.stat(proc.pid)
         try:
             if inv.leader_log is not None and leader is not None:
@@ -264,6 +275,7 @@ def sandbox_spec(inv: Invocation, settings: SandboxSettings, program: str | None
         workspace=Path(os.path.abspath(inv.workspace)),
         prompt_file=Path(os.path.abspath(inv.prompt_file)), attempt_context=context,
         hide=hide, network=settings.network, writable=tuple(settings.writable),
+        private=tuple(settings.private),
         expose=sandbox.tmp_roots([program or "", *path_dirs]))
 
 

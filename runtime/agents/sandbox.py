@@ -12,6 +12,10 @@ Inside the sandbox an agent sees (DESIGN section 10, issue 8):
   (where daemons put theirs; files ``/etc`` links into it, such as ``resolv.conf``,
   are bound back) and ``/dev/null`` over every other socket the host has bound to a path
   (``/proc/net/unix``);
+- its own copy of each ``private`` path (a CLI's state directory starts empty, a state
+  file as a copy), discarded when the attempt ends, so an agent that follows instructions
+  planted in its target cannot leave a memory file, a setting or a hook for the next
+  agent or for the user's own CLI; ``writable`` paths are the host's and persist;
 - none of the artifacts root (ledger, ``state.json``, plans, other nodes' workspaces):
   an empty read-only tmpfs is mounted over it;
 - a new PID namespace (the runtime's ``/proc/<pid>/environ`` does not exist in it),
@@ -111,6 +115,7 @@ class SandboxSpec:
     hide: tuple[Path, ...] = ()
     network: bool = True
     writable: tuple[str, ...] = ()
+    private: tuple[str, ...] = ()
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
     # Host directories under /tmp the agent needs read-only (its program, its PATH: a
     # checkout or venv under /tmp), shown again over the private /tmp.
@@ -139,12 +144,12 @@ def expand_writable(paths: Iterable[str], home: str) -> list[str]:
 def create_writable_dirs(spec: SandboxSpec) -> str | None:
     """Entries written with a trailing ``/`` are directories, created (0700) when missing.
 
-    A CLI that cannot create its state directory in a read-only home fails (codex does).
-    Other missing entries are skipped, since whether they would be a file or a directory is
-    unknown (claude runs without ``~/.claude.json``). Returns why a directory could not be
-    created, or None.
+    A CLI that cannot create its state directory in a read-only home fails (codex does),
+    and a private directory needs a mount point. Other missing entries are skipped, since
+    whether they would be a file or a directory is unknown (claude runs without
+    ``~/.claude.json``). Returns why a directory could not be created, or None.
     """
-    for path in expand_writable(spec.writable, spec.home):
+    for path in expand_writable((*spec.writable, *spec.private), spec.home):
         if path.endswith("/"):
             try:
                 os.makedirs(path, mode=0o700, exist_ok=True)
@@ -154,8 +159,41 @@ def create_writable_dirs(spec: SandboxSpec) -> str | None:
     return None
 
 
-def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
-    """The whole argv: bubblewrap's options, then ``--``, then the agent's command."""
+PRIVATE_FILE_MAX = 64 << 20  # a CLI's state file; a larger one is refused, not copied
+
+
+def open_private_files(spec: SandboxSpec) -> dict[str, int] | str:
+    """An open descriptor of each private file that exists, to copy into the sandbox.
+
+    Host path -> descriptor (bubblewrap's ``--bind-data`` reads it, so the copy lives in
+    the sandbox's memory and is gone when it ends; the caller closes them). Opened without
+    following a link: an earlier agent may have swapped the file for one. Returns why a
+    file cannot be copied instead (and closes what it opened).
+    """
+    from runtime.files import UnsafeFileError, open_no_follow
+
+    fds: dict[str, int] = {}
+    for path in expand_writable(spec.private, spec.home):
+        if path.endswith("/") or not os.path.lexists(path):
+            continue
+        try:
+            fd = open_no_follow(path)
+            fds[path] = fd
+            if os.fstat(fd).st_size > PRIVATE_FILE_MAX:
+                raise UnsafeFileError(f"larger than {PRIVATE_FILE_MAX} bytes")
+        except OSError as exc:
+            for opened in fds.values():
+                os.close(opened)
+            return f"sandbox: cannot copy the private file {path}: {exc.strerror or exc}"
+    return fds
+
+
+def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str],
+               private_fds: Mapping[str, int] | None = None) -> list[str]:
+    """The whole argv: bubblewrap's options, then ``--``, then the agent's command.
+
+    ``private_fds``: ``open_private_files``'s descriptors, passed on to bubblewrap.
+    """
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session",
             "--cap-drop", "ALL"]
     if spec.network:
@@ -166,20 +204,31 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str]) -> list[str]:
         argv += ["--tmpfs", "/", *_host_root()]
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", str(MOUNTS),
              *_empty_run()]
-    argv += _host_binds(spec) + _attempt_binds(spec)
+    argv += _host_binds(spec, private_fds or {}) + _attempt_binds(spec)
     argv += ["--remount-ro", str(MOUNTS), "--remount-ro", "/", "--chdir", str(WORKSPACE),
              "--", *command]
     return argv
 
 
-def _host_binds(spec: SandboxSpec) -> list[str]:
-    """What of the host is shown again, made writable, or covered up."""
+def _host_binds(spec: SandboxSpec, private_fds: Mapping[str, int]) -> list[str]:
+    """What of the host is shown again, replaced by a private copy, made writable, or hidden.
+
+    Private and writable paths are mounted outermost first, so the inner one wins
+    whichever list it is in (a writable credentials file inside a private directory).
+    """
     argv: list[str] = []
     for shown in spec.expose:
         argv += ["--ro-bind", str(shown), str(shown)]
-    for path in expand_writable(spec.writable, spec.home):
-        path = path.rstrip("/")
-        argv += ["--bind-try", path, path]
+    mounts = [(p, True) for p in expand_writable(spec.private, spec.home)] + \
+        [(p, False) for p in expand_writable(spec.writable, spec.home)]
+    for path, private in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
+        bare = path.rstrip("/")
+        if not private:
+            argv += ["--bind-try", bare, bare]
+        elif path.endswith("/"):
+            argv += ["--tmpfs", bare]
+        elif path in private_fds:
+            argv += ["--bind-data", str(private_fds[path]), bare]
     for door in host_sockets(spec.expose):
         argv += ["--ro-bind", "/dev/null", door]
     for hidden in spec.hide:

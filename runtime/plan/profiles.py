@@ -16,6 +16,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
 )
@@ -97,21 +98,30 @@ class SandboxSettings(BaseModel):
         "~/-relative (state a CLI keeps, e.g. ~/.claude/). A trailing / marks a directory, "
         "created when missing; other paths that do not exist are skipped.")
 
-    @field_validator("writable")
+    private: list[str] = Field(
+        default_factory=list,
+        description="Host paths the agent gets its own copy of for one attempt, discarded "
+        "when it ends, absolute or ~/-relative (a CLI's state: ~/.claude/, ~/.claude.json). "
+        "A directory (trailing /) starts empty and is created on the host when missing; a "
+        "file starts as a copy of the host's (none when missing). Nothing an agent writes "
+        "there (memory files, settings, hooks) reaches another attempt or the user's own "
+        "CLI. A writable path inside one is the host's, and persists (a credentials file).")
+
+    @field_validator("writable", "private")
     @classmethod
-    def _writable_paths(cls, paths: list[str]) -> list[str]:
+    def _host_paths(cls, paths: list[str], info: ValidationInfo) -> list[str]:
         bad = [p for p in paths if not (p.startswith("/") or p.startswith("~/"))
                or ".." in p.split("/") or "\0" in p or p.rstrip("/") in ("", "~")]
         if bad:
-            raise ValueError(f"writable paths must be absolute or start with ~/, without "
-                             f"'..', and not / or ~ itself: {bad}")
+            raise ValueError(f"{info.field_name} paths must be absolute or start with ~/, "
+                             f"without '..', and not / or ~ itself: {bad}")
         return paths
 
 
 def _sandbox_problem(err: Any) -> str:
     where = ".".join(str(p) for p in err["loc"])
     if err["type"] == "extra_forbidden":
-        return f"{where}: unknown key (accepted: network, writable)"
+        return f"{where}: unknown key (accepted: network, writable, private)"
     return f"{where}: {err['msg'].removeprefix('Value error, ')}"
 
 

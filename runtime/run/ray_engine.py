@@ -141,18 +141,18 @@ def worker_agent(profile: AnyProfile) -> Agent:
 
     class DiesWithWorker(CommandAgent):
         def launch_argv(self, inv: Invocation, env: dict[str, str],
-                        ) -> tuple[list[str], dict[str, str]] | str:
+                        ) -> tuple[list[str], dict[str, str], dict[str, int]] | str:
             launch = super().launch_argv(inv, env)
             if isinstance(launch, str):
                 return launch
-            argv, env = launch
+            argv, env, fds = launch
             # A program that is not there stays the adapter's own launch_error (setpriv
             # would report it as its exit 127 instead).
             if ("/" in argv[0] and not os.access(argv[0], os.X_OK)) or ("/" not in argv[0] and
                     shutil.which(argv[0], path=env.get("PATH", os.defpath)) is None):
                 return launch
             # setpriv execs the agent: the pid (recorded as the leader) is the agent's.
-            return [shim, "--pdeathsig", "KILL", "--", *argv], env
+            return [shim, "--pdeathsig", "KILL", "--", *argv], env, fds
 
     return DiesWithWorker(profile)
 
