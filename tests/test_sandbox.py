@@ -3,6 +3,7 @@ absolute paths, secrets out of reach. Hostile agents live in ``tests/hostile/``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -490,6 +491,31 @@ def test_no_descendant_survives_the_attempt(project: Project, sandboxed: bool,
     assert node.attempts[-1].outcome == (FailureClass.CANCELLED if hang else "succeeded")
     assert spawned.is_file()
     assert _alive_with(token) == []
+
+
+def test_a_descendant_that_forks_and_exits_in_a_loop_does_not_survive(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unsandboxed (a sandbox's PID namespace ends such a chain by itself). The process
+    table is read as slowly as on a loaded machine, where a red-team pass saw the chain
+    keep ahead of every kill by pid for 6 s and outlive the run."""
+    real_table = procs.table
+
+    def slow_table(after: int | None = None) -> list[procs.Proc]:
+        found = real_table(after)
+        time.sleep(0.05)  # by now the chain has forked on many times
+        return found
+
+    monkeypatch.setattr(procs, "table", slow_table)
+    token = f"hostile-{secrets.token_hex(8)}"
+    argv = ["sh", str(HOSTILE / "fork_chain.sh"), token, "20"]
+    try:
+        result = run_topology(project, _topo(argv, sandboxed=False))
+        assert result.status is RunStatus.SUCCEEDED
+        assert _alive_with(token) == []
+    finally:
+        for pid in _alive_with(token):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("sandboxed", [True, False])

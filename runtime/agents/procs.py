@@ -66,6 +66,7 @@ class Proc:
     sid: int
     start: int  # clock ticks since boot: with the pid, identifies the process
     state: str
+    pgid: int = 0  # its process group (0: unknown)
 
 
 def become_subreaper() -> bool:
@@ -92,7 +93,7 @@ def stat(pid: int) -> Proc | None:
     fields = raw[raw.rfind(b")") + 2:].split()
     try:
         return Proc(pid=pid, state=fields[0].decode(), ppid=int(fields[1]),
-                    sid=int(fields[3]), start=int(fields[19]))
+                    pgid=int(fields[2]), sid=int(fields[3]), start=int(fields[19]))
     except (IndexError, ValueError):
         return None
 
@@ -141,6 +142,9 @@ def unregister(pid: int) -> None:
         _leaders.discard(pid)
 
 
+KILL_ROUNDS_S = 1.0  # how long an attempt's cleanup keeps killing what keeps appearing
+
+
 def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) -> int:
     """Kill and reap what this process adopted from the attempt led by ``leader``.
 
@@ -148,9 +152,10 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
     with pids allocated after the leader's (for long attempts, where the pid counter may
     have wrapped). Returns how many processes were killed.
     """
-    me, my_sid = os.getpid(), os.getsid(0)
+    me, my_sid, my_pgid = os.getpid(), os.getsid(0), os.getpgid(0)
     killed = 0
-    for _ in range(100):  # each round re-parents the killed processes' children to us
+    give_up = time.monotonic() + KILL_ROUNDS_S
+    while time.monotonic() < give_up:  # each round re-parents the killed ones' children
         if not _has_children():
             return killed  # nothing adopted (and no other agent running): no scan
         with launch_lock:
@@ -168,10 +173,18 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
             for p in doomed:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(p.pid, signal.SIGKILL)
+            # A process that forks and exits in a loop keeps one step ahead of a scan;
+            # its whole group dies at once (the kernel makes a fork either see the group's
+            # kill or be killed with it).
+            for pgid in {p.pgid for p in doomed} - {0, my_pgid, *others}:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
         killed += sum(1 for p in doomed if p.state != "Z")
         for p in roots:
             _reap(p.pid)
-    log.warning("descendants of agent %d kept appearing after 100 rounds of killing", leader)
+    log.warning("descendants of agent %d kept appearing for %g s of killing (a process "
+                "that leaves its session at every fork); the rest is left running",
+                leader, KILL_ROUNDS_S)
     return killed
 
 
