@@ -302,3 +302,23 @@ def test_a_leader_that_cannot_be_recorded_is_not_left_running(
         assert result.state.nodes["a"].failure is FailureClass.LAUNCH_ERROR
         assert "Permission denied" in result.state.nodes["a"].attempts[0].error
     assert _running_with(token) == []
+
+
+def test_a_leaders_log_that_cannot_be_written_stops_the_agent(project: Project) -> None:
+    """A directory where leaders.jsonl goes (the red team: the write was silently
+    skipped, and an agent ran that a resume after a crash could not find)."""
+    from runtime.run.start import Hooks
+
+    token = "29.24681"  # a sleep no other test runs
+    topo = make_topology({"a": []})
+    topo["agents"] = {"nap": {"kind": "command", "sandbox": False, "argv": ["sleep", token]}}
+    topo["defaults"] = {"agent": "nap", "max_attempts": 1}
+
+    def plant(event: Event) -> None:
+        if event.event == "run.started":
+            (project.artifacts / "runs" / "test-run" / "leaders.jsonl").mkdir()
+
+    result = run_topology(project, topo, hooks=Hooks(after_append=plant))
+    assert result.state.nodes["a"].failure is FailureClass.LAUNCH_ERROR
+    assert "Is a directory" in result.state.nodes["a"].attempts[0].error
+    assert _running_with(token) == []

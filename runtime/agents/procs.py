@@ -250,16 +250,16 @@ def record_leader(log_path: Path, pid: int, start: int, sandboxed: bool, *,  # n
     """Append this leader to the run's leaders log.
 
     Enough for a later ``resume`` to find it. One ``write`` on an O_APPEND descriptor:
-    concurrent attempts never interleave.
+    concurrent attempts never interleave. An ``OSError`` (a full disk, a directory in its
+    place) reaches the caller, which kills the agent rather than let it run unrecorded.
     """
     line = json.dumps({"schema_version": 1, "node": node, "attempt": attempt, "pid": pid,
                        "start": start, "boot_id": boot_id(), "sandboxed": sandboxed})
-    with contextlib.suppress(OSError):
-        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            os.write(fd, (line + "\n").encode())
-        finally:
-            os.close(fd)
+    fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
 
 
 def run_key(run_dir: Path) -> str:
