@@ -108,7 +108,7 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
               on_entry: Callable[[BatchEntry], BatchEntry] | None = None) -> BatchSummary:
     """Plan and run every topology; return (and write) the summary."""
     topologies = expand(paths)
-    batch_id = check_run_id(options.batch_id or default_run_id("batch"))
+    batch_id = check_run_id(options.batch_id or default_run_id("batch"), "--batch-id")
     batch_dir = options.artifacts / "batches" / batch_id
     progress = progress or Progress()
     cancel = cancel or threading.Event()

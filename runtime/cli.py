@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -241,8 +242,16 @@ def _check_deadline(seconds: float | None) -> None:
 
 
 def _timeout_set(seconds: float | None) -> tuple[str, ...]:
-    """``--timeout S`` as the ``--set`` it stands for (validated there, with the others)."""
-    return () if seconds is None else (f"*.timeout_s={seconds!r}",)
+    """``--timeout S`` as the ``--set`` it stands for (its range checked there)."""
+    if seconds is None:
+        return ()
+    from runtime.run.overrides import parse_value
+
+    try:
+        parse_value("timeout_s", repr(seconds), "--timeout")
+    except UsageError as exc:  # named as the user wrote it, not as the --set it becomes
+        raise UsageError(f"--timeout {seconds:g}: {str(exc).split(': ', 1)[1]}") from None
+    return (f"*.timeout_s={seconds!r}",)
 
 
 def _deadline_at(seconds: float | None) -> float | None:
@@ -337,6 +346,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_verify(args: argparse.Namespace) -> int:
     """``runtime verify``: check a plan directory's digests, or a topology against its golden."""
     target: Path = args.target
+    if args.digest is not None and not re.fullmatch(r"[0-9a-f]{64}", args.digest):
+        raise UsageError(f"--digest {args.digest!r}: a plan digest is 64 lowercase hex "
+                         "characters (plan.json's blake3, as `runtime plan` prints it)")
     if target.is_dir():
         if args.golden:
             raise UsageError("--golden checks a TOPOLOGY file, not a plan directory")
@@ -409,6 +421,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif target.is_file():
         compiled = plan_topology(target, args.prompts, parse_vars(args.var))
         manifest = compiled.manifest
+    elif not target.exists():
+        raise UsageError(f"{target}: no such file (give a topology file or a plan directory)")
     else:
         raise UsageError(f"{target}: not a topology file or plan directory")
     settings = RunSettings(

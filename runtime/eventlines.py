@@ -39,6 +39,7 @@ def _terminal_safe(text: str) -> str:
     # Summaries are agent-authored: no escape sequence reaches the user's terminal.
     if text.isprintable():  # nearly every line: no per-character pass
         return text[:300]
+    text = " ".join(text.split("\n"))  # a multi-line summary reads as one line
     return "".join(ch if ch.isprintable() else "?" for ch in text)[:300]
 
 

@@ -302,6 +302,9 @@ def test_signal_handlers_are_restored_after_a_run(
     (NodeSkipped(node="b", reason="run deadline passed"), "b: skipped (run deadline passed)"),
     (NodeSkipped(node="b", failed_ancestor="a", reason="run deadline passed"),
      "b: skipped (upstream a not finished: run deadline passed)"),
+    (AttemptFinished(node="a", attempt=1, outcome=Outcome.DIGEST_MISMATCH,
+                     summary="hashes to 75d9\n[... 49 characters dropped ...]\nthe plan"),
+     "a: attempt 1 digest_mismatch: hashes to 75d9 [... 49 characters dropped ...] the plan"),
 ])
 def test_progress_lines_name_the_node_and_keep_escapes_out(event: Event, line: str) -> None:
     from runtime.eventlines import event_line

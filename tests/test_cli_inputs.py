@@ -86,6 +86,12 @@ def test_run_rejects_an_existing_run_id_before_planning(
     (["resume", "r", "--deadline", "nan"], "--deadline nan: must be a positive"),
     (["plan", "{topo}", "--golden-out", "{tmp}/new/"], "{tmp}/new/ names a directory; give a "
      "file path"),
+    (["run", "{tmp}/missing.yaml"], "{tmp}/missing.yaml: no such file"),
+    (["batch", "{topo}", "--batch-id", "a/b"], "--batch-id 'a/b': use 1-128 of"),
+    (["run", "{topo}", "--timeout", "0"], "--timeout 0: timeout_s takes seconds, a number from "
+     "0.001"),
+    (["verify", "{tmp}", "--digest", "deadbeef"], "--digest 'deadbeef': a plan digest is 64 "
+     "lowercase hex characters"),
 ])
 def test_plan_batch_resume_inputs(project: Project, topo: Path, tmp_path: Path,
                                   capsys: pytest.CaptureFixture[str], argv: list[str],

@@ -23,10 +23,10 @@ ATTEMPT_NAME = re.compile(r"^[0-9]{1,9}\Z")
 INPUT_MAX_BYTES = 1 << 30
 
 
-def check_run_id(run_id: str) -> str:
+def check_run_id(run_id: str, flag: str = "--run-id") -> str:
     """Return ``run_id`` when it is a safe directory name; a usage error naming it otherwise."""
     if not RUN_ID.match(run_id):
-        raise UsageError(f"--run-id {run_id!r}: use 1-128 of [A-Za-z0-9_.-], starting with a "
+        raise UsageError(f"{flag} {run_id!r}: use 1-128 of [A-Za-z0-9_.-], starting with a "
                          "letter or digit")
     return run_id
 

@@ -15,7 +15,8 @@ _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
 
 
-def _value(field: str, raw: str, where: str) -> Any:
+def parse_value(field: str, raw: str, where: str) -> Any:
+    """One override's value, checked; a usage error that starts with ``where`` otherwise."""
     if field == "max_attempts":
         if not raw.isdigit() or not 1 <= int(raw) <= 20:
             raise UsageError(f"{where}: max_attempts takes a whole number from 1 to 20")
@@ -66,7 +67,7 @@ def parse_sets(sets: Sequence[str], manifest: Manifest) -> dict[str, NodeOverrid
         if node != "*" and node not in manifest.nodes:
             raise UsageError(f"{where}: no node {node!r} in the plan; nodes: "
                              f"{', '.join(sorted(manifest.nodes))}")
-        value = _value(field, raw, where)
+        value = parse_value(field, raw, where)
         for target in targets:
             out.setdefault(target, {})[field] = value
     return {node: NodeOverrides.model_validate(values) for node, values in out.items()}
