@@ -25,6 +25,11 @@ def test_allowed_variables_render(project: Project) -> None:
     assert text == "t b vault inputs/a/a.json\n"
 
 
+def test_an_unset_objective_prints_nothing(project: Project) -> None:
+    """Before: "Goal: None." reached the agent's prompt."""
+    assert _plan_with(project, "Goal: {{ objective }}.{{ node.objective }}\n") == "Goal: .\n"
+
+
 @pytest.mark.parametrize(("template", "line", "name"), [
     ("ok\n{{ secrets }}\n", 2, "secrets"),
     ("{% if false %}\n\n{{ env.HOME }}\n{% endif %}\n", 3, "env"),

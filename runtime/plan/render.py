@@ -143,8 +143,11 @@ class _BoundedSandbox(SandboxedEnvironment):
     intercepted_binops = frozenset(["*", "**", "%", "+", "//"])
 
     def __init__(self, loader: jinja2.BaseLoader) -> None:
+        # finalize: an unset optional field ({{ objective }} on a node without one) prints
+        # nothing, not "None" in the agent's prompt.
         super().__init__(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
-                         keep_trailing_newline=True, auto_reload=False)
+                         keep_trailing_newline=True, auto_reload=False,
+                         finalize=lambda value: "" if value is None else value)
         self.max_len = RENDER_MAX_BYTES
         self.built = 0  # bytes built by the current render; reset by Renderer
         self.globals["lipsum"] = self._lipsum
