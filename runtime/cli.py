@@ -799,14 +799,16 @@ def _describe(state: Any, run_dir: Path, *, verbose: bool) -> str:
                              + (f"[{a.profile}]" if verbose else "") for a in ns.attempts)
         extra = ""
         if ns.failed_ancestor:
-            extra = f" (upstream {ns.failed_ancestor} failed)"
+            extra = f" (upstream {ns.failed_ancestor} " + (
+                f"not finished: {ns.reason})" if ns.reason else "failed)")
         elif ns.reason:
             extra = f" ({ns.reason})"
         lines.append(f"  {nid:<24} {ns.status.value:<9} attempts {len(ns.attempts)}"
                      f"{': ' + outcomes if outcomes else ''}{extra}")
         last = ns.last_failure
-        if (verbose or ns.status == "failed") and last is not None and (last.summary
-                                                                         or last.error):
+        # A node that went on to succeed has no error left to show.
+        if (verbose or ns.status == "failed") and ns.status != "succeeded" \
+                and last is not None and (last.summary or last.error):
             # The agent's own reason when its adapter recognised one ("Not logged in").
             first = (last.summary or last.error).strip().splitlines()
             lines.append(f"  {'':<24} last error: {first[0][:160] if first else ''}")

@@ -198,6 +198,18 @@ def test_run_json_reports_each_node(project: Project,
         "a": "succeeded", "b": "succeeded", "c": "succeeded"}
 
 
+def test_show_names_no_error_under_a_node_that_then_succeeded(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    _sim_project(project)
+    code, _, err = _run(capsys, *project.cli("run", str(project.topology), "--run-id", "r3",
+                                             "--agent", "flaky"))
+    assert code == 0, err
+    code, out, _ = _run(capsys, *project.cli("show", "r3"))
+    assert code == 0
+    assert "1:artifact_contract[flaky], 2:succeeded[flaky]" in out
+    assert "last error" not in out
+
+
 def test_run_failure_exits_1_and_show_names_the_error(
         project: Project, capsys: pytest.CaptureFixture[str]) -> None:
     _sim_project(project)
