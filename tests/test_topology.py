@@ -23,6 +23,16 @@ CASES: list[tuple[str, Mutation, str, str]] = [
     ("unknown key", lambda t: _node(t, 0).update(retries=3), "nodes[0].retries",
      "unknown key; see `runtime schema`"),
     ("unknown top-level key", lambda t: t.update(colour="red"), "colour", "unknown key"),
+    ("misspelt node key", lambda t: _node(t, 0).update(retry_feedbak=True),
+     "nodes[0].retry_feedbak", "unknown key (did you mean retry_feedback?)"),
+    ("misspelt top-level key", lambda t: t.update(defualts={}), "defualts",
+     "unknown key (did you mean defaults?)"),
+    ("misspelt artifact key", lambda t: _node(t, 0).update(artifacts=[{"path": "x",
+                                                                       "requird": False}]),
+     "nodes[0].artifacts[0].requird", "unknown key (did you mean required?)"),
+    ("misspelt profile key", lambda t: t.update(agents={"c": {"kind": "command",
+                                                              "argvs": ["x"]}}),
+     "agents.c.argvs", "unknown key (did you mean argv?)"),
     ("wrong type", lambda t: _node(t, 0).update(max_attempts="many"), "nodes[0].max_attempts",
      "valid integer"),
     ("missing field", lambda t: _node(t, 0).pop("prompt"), "nodes[0].prompt",
@@ -87,6 +97,7 @@ def test_each_problem_class_is_named(project: Project, label: str, mutate: Mutat
     matching = [p for p in info.value.problems if p.where == where]
     assert matching, f"{label}: no problem at {where}: {info.value}"
     assert message in matching[0].message
+    assert not matching[0].message.startswith("Value error, ")  # pydantic's own wording
     assert matching[0].file == str(path)
     assert matching[0].line > 0 or where.startswith("vars")
 

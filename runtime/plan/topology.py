@@ -8,9 +8,11 @@ root. All problems found are raised together in one ``TopologyError``.
 
 from __future__ import annotations
 
+import difflib
 import graphlib
 import os
 import re
+import typing
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Any, Literal
@@ -227,9 +229,10 @@ def _pydantic_problems(exc: ValidationError, loaded: LoadedYaml, file: str) -> l
     out = []
     for err in exc.errors(include_url=False):
         yaml_loc = _file_loc(tuple(err["loc"]))
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")  # pydantic's, not ours to show
         if err["type"] == "extra_forbidden":
-            msg = "unknown key; see `runtime schema` for the accepted fields"
+            msg = "unknown key" + _did_you_mean(str(err["loc"][-1]), tuple(err["loc"][:-1])) \
+                + "; see `runtime schema` for the accepted fields"
         elif err["type"] == "missing":
             msg = "required field is missing"
         elif err["type"] == "union_tag_invalid":
@@ -246,6 +249,44 @@ def _pydantic_problems(exc: ValidationError, loaded: LoadedYaml, file: str) -> l
 
 
 _AGENT_KINDS = ("command", "http", "python", "simulated")
+
+
+def _did_you_mean(key: str, loc: tuple[Any, ...]) -> str:
+    """`` (did you mean retry_feedback?)`` for a near miss of a key the model accepts."""
+    model: Any = Topology
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue  # a list index: the list's model is already the current one
+        if part in _AGENT_KINDS and model is dict:
+            model = _profile_model(part)
+            continue
+        fields = getattr(model, "model_fields", None)
+        if fields is None:  # inside a dict (agents.<name>): the next part names the kind
+            continue
+        model = _inner_model(fields[part].annotation) if part in fields else None
+    fields = getattr(model, "model_fields", None)
+    near = difflib.get_close_matches(key, list(fields or ()), n=1, cutoff=0.75)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
+def _inner_model(annotation: Any) -> Any:
+    """The pydantic model a field holds (through list[...], dict[str, ...], X | None)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) is dict:
+        return dict  # agents: the key is a name, the value a profile chosen by kind
+    for arg in typing.get_args(annotation):
+        inner = _inner_model(arg)
+        if inner is not None:
+            return inner
+    return None
+
+
+def _profile_model(kind: str) -> Any:
+    from runtime.plan import profiles
+
+    return {"command": profiles.CommandProfile, "http": profiles.HttpProfile,
+            "python": profiles.PythonProfile, "simulated": profiles.SimulatedProfile}[kind]
 
 
 def _file_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
