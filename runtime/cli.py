@@ -598,7 +598,8 @@ def _retry_batch(args: argparse.Namespace, batch_dir: Path, request: Any, redact
             sys.stderr.write(f"{result.run_id}: {result.status.value}\n")
         final = rewrite_summary(batch_dir)
     _emit(args, final.model_dump(mode="json"),
-          f"batch {final.batch_id}: {final.status} ({retried} runs retried)\n")
+          f"batch {final.batch_id}: {final.status} ({retried} "
+          f"run{'' if retried == 1 else 's'} retried)\n")
     return EXIT_OK if final.status == "succeeded" else EXIT_FAILED
 
 
@@ -642,8 +643,9 @@ def cmd_findings(args: argparse.Namespace) -> int:
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.flush()
-    for problem in found.problems:
-        sys.stderr.write(f"problem: {problem}\n")
+    if fmt != "table" or args.output is not None:  # the table on stdout already lists them
+        for problem in found.problems:
+            sys.stderr.write(f"problem: {problem}\n")
     return EXIT_FAILED if found.problems else EXIT_OK
 
 
@@ -838,8 +840,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DagRuntimeError as exc:
         if os.environ.get("RUNTIME_DEBUG"):
             raise
-        sys.stderr.write(f"error: {exc}\n")
-        return EXIT_INVALID if isinstance(exc, InputError) else EXIT_FAILED
+        return _error(args, str(exc), EXIT_INVALID if isinstance(exc, InputError)
+                      else EXIT_FAILED)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return EXIT_INTERRUPTED
@@ -847,8 +849,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("RUNTIME_DEBUG"):
             raise
         where = f"{exc.filename}: " if exc.filename else ""
-        sys.stderr.write(f"error: {where}{exc.strerror or exc}\n")
-        return EXIT_INVALID
+        return _error(args, f"{where}{exc.strerror or exc}", EXIT_INVALID)
+
+
+def _error(args: argparse.Namespace, message: str, code: int) -> int:
+    """Report an error on stderr, and with ``--json`` as JSON on stdout too (for scripts)."""
+    sys.stderr.write(f"error: {message}\n")
+    if getattr(args, "json", False):
+        sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+    return code
 
 
 def entry() -> None:

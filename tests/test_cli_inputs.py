@@ -3,6 +3,7 @@ accepted, prints no traceback, and writes nothing, plan directories included (is
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -115,6 +116,17 @@ def test_findings_output_must_be_a_file(project: Project, topo: Path, tmp_path: 
     _invalid(project, capsys, project.cli("findings", "r", "-o", out),
              message.format(tmp=tmp_path))
     assert sorted(p.name for p in tmp_path.parent.iterdir()) == before
+
+
+def test_with_json_an_error_is_json_on_stdout_too(
+        project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """For a script reading --json output (before: an empty stdout)."""
+    code = main(project.cli("run", str(tmp_path / "missing.yaml"), "--json"))
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert json.loads(out) == {"error": f"{tmp_path / 'missing.yaml'}: no such file (give a "
+                               "topology file or a plan directory)", "exit_code": 2}
+    assert err.startswith("error: ")
 
 
 @pytest.mark.parametrize("verb", ["plan", "run", "batch"])

@@ -23,7 +23,8 @@ def parse_value(field: str, raw: str, where: str) -> Any:
         return int(raw)
     if field == "retry_feedback":
         if raw.lower() not in _TRUE | _FALSE:
-            raise UsageError(f"{where}: retry_feedback takes true or false")
+            raise UsageError(f"{where}: retry_feedback takes true or false (or yes/no, "
+                             "on/off, 1/0)")
         return raw.lower() in _TRUE
     if field in ("timeout_s", "rate_limit_wait_s"):
         try:
