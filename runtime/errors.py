@@ -70,7 +70,8 @@ class TopologyError(InputError):
 class TemplateError(InputError):
     """A prompt template names something outside the allow-list, or fails to render."""
 
-    def __init__(
+    # PLR0913: the context an error carries; all but the first three keyword-only.
+    def __init__(  # noqa: PLR0913
         self,
         template: str,
         line: int,
@@ -78,14 +79,21 @@ class TemplateError(InputError):
         *,
         node: str | None = None,
         name: str | None = None,
+        root: str = "prompts",
     ) -> None:
         self.template = template
         self.line = line
         self.bare = message
         self.node = node
         self.name = name
+        self.root = root
         who = f" (node {node})" if node else ""
-        super().__init__(f"prompts/{template}:{line}{who}: {message}")
+        super().__init__(f"{root}/{template}:{line}{who}: {message}")
+
+    def under(self, root: str) -> TemplateError:
+        """The same error, with its template named under ``root`` (the prompts root given)."""
+        return TemplateError(self.template, self.line, self.bare, node=self.node,
+                             name=self.name, root=root)
 
 
 class PlanFormatError(InputError):

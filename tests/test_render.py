@@ -43,7 +43,8 @@ def test_unknown_variable_is_a_plan_error(project: Project, template: str, line:
     assert (err.template, err.line, err.name) == ("task.md.j2", line, name)
     assert f"unknown variable {name!r}" in str(err)
     assert ", ".join(ALLOWED_VARIABLES) in str(err)
-    assert str(err).startswith(f"prompts/task.md.j2:{line} (node a):")
+    # The template under the prompts root as given (here an absolute path).
+    assert str(err).startswith(f"{project.prompts}/task.md.j2:{line} (node a):")
 
 
 def test_included_template_is_checked(project: Project) -> None:
@@ -75,6 +76,20 @@ def test_include_symlink_outside_root_is_refused(project: Project, tmp_path: Pat
     os.symlink(tmp_path / "outside.md", project.prompts / "leak.md.j2")
     with pytest.raises(TemplateError, match="resolves outside the prompts root"):
         _plan_with(project, '{% include "leak.md.j2" %}\n')
+
+
+def test_an_undeclared_var_names_the_declared_ones(project: Project) -> None:
+    with pytest.raises(TemplateError, match=r"has no attribute 'nope' \(the topology's "
+                       r"vars: target\)"):
+        _plan_with(project, "{{ vars.nope }}\n")
+
+
+def test_a_missing_include_is_named_at_the_include(project: Project) -> None:
+    """Before: reported as prompts/nope.md.j2:0, the missing file, at line 0."""
+    with pytest.raises(TemplateError) as info:
+        _plan_with(project, 'intro\n{% include "nope.md.j2" %}\n')
+    assert (info.value.template, info.value.line) == ("task.md.j2", 2)
+    assert "include of 'nope.md.j2': template not found" in str(info.value)
 
 
 def test_syntax_error_names_line(project: Project) -> None:

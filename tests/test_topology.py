@@ -23,6 +23,8 @@ CASES: list[tuple[str, Mutation, str, str]] = [
     ("unknown key", lambda t: _node(t, 0).update(retries=3), "nodes[0].retries",
      "unknown key; see `runtime schema`"),
     ("unknown top-level key", lambda t: t.update(colour="red"), "colour", "unknown key"),
+    ("a list as a var", lambda t: t.update(vars={"target": [1, 2]}), "vars.target",
+     "a var is a string, a number or true/false"),
     ("misspelt node key", lambda t: _node(t, 0).update(retry_feedbak=True),
      "nodes[0].retry_feedbak", "unknown key (did you mean retry_feedback?)"),
     ("misspelt top-level key", lambda t: t.update(defualts={}), "defualts",

@@ -257,6 +257,12 @@ class Renderer:
 
     def __init__(self, prompts_root: Path, limits: RenderLimits | None = None) -> None:
         self.root = Path(os.path.realpath(prompts_root))
+        # How errors name a template: under the root as given (relative to the working
+        # directory when it lies below it), so the path printed is one the user can open.
+        shown = os.path.abspath(prompts_root)
+        here = os.getcwd()
+        self.shown_root = os.path.relpath(shown, here) if shown.startswith(here + os.sep) \
+            else shown
         self.limits = limits or RenderLimits()
         self.env = make_environment(self.root)
         self.env.max_len = self.limits.max_bytes  # type: ignore[attr-defined]
@@ -267,14 +273,26 @@ class Renderer:
         """Raise TemplateError if ``template`` or its includes are not fit to render.
 
         Not fit: it (or anything it includes) names a disallowed variable, has a syntax
-        error, or includes a template that cannot be found.
+        error, or includes a template that cannot be found (named at the include).
         """
-        pending = [template]
+        try:
+            self._check(template, node)
+        except TemplateError as exc:
+            raise exc.under(self.shown_root) from None
+
+    def _check(self, template: str, node: str | None) -> None:
+        pending: list[tuple[str, str | None, int]] = [(template, None, 0)]
         while pending:
-            name = pending.pop()
+            name, includer, at = pending.pop()
             if name in self._checked:
                 continue
-            ast = self._parse(name, node)
+            try:
+                ast = self._parse(name, node)
+            except TemplateError as exc:
+                if includer is None or not exc.bare.startswith("template not found"):
+                    raise
+                raise TemplateError(includer, at, f"include of {name!r}: {exc.bare}",
+                                    node=node) from None
             undeclared = meta.find_undeclared_variables(ast) - self._allowed
             if undeclared:
                 bad, line = min((_first_line(ast, n), n) for n in undeclared)[::-1]
@@ -289,7 +307,7 @@ class Renderer:
                     raise TemplateError(name, _first_include_line(ast), "include/extends/"
                                         "import names must be string literals so the "
                                         "planner can check them", node=node)
-                pending.append(ref)
+                pending.append((ref, name, _include_line(ast, ref)))
             self._checked.add(name)
 
     def _parse(self, name: str, node: str | None) -> nodes.Template:
@@ -312,6 +330,12 @@ class Renderer:
         Every failure (jinja2's, the template's own such as ``1/0``, a bound) is a
         TemplateError.
         """
+        try:
+            return self._render_checked(template, context, node)
+        except TemplateError as exc:
+            raise exc.under(self.shown_root) from None
+
+    def _render_checked(self, template: str, context: Mapping[str, Any], node: str) -> str:
         self.check(template, node)
         limits = self.limits
         token = WATCHDOG.arm(limits.timeout_s, RENDER_MAX_GROWTH_BYTES)
@@ -344,7 +368,12 @@ class Renderer:
                                 node=node) from None
         except Exception as exc:  # noqa: BLE001 - whatever a template raises is its error
             tmpl, line = _template_frame(exc, template, self.root)
-            raise TemplateError(tmpl, line, f"render failed: {_describe(exc)}",
+            hint = ""
+            if isinstance(exc, jinja2.UndefinedError) and "'dict object'" in str(exc):
+                # Most often {{ vars.x }} for a var the topology does not declare.
+                declared = ", ".join(sorted(context.get("vars", {}))) or "none"
+                hint = f" (the topology's vars: {declared})"
+            raise TemplateError(tmpl, line, f"render failed: {_describe(exc)}{hint}",
                                 node=node) from None
         if len(text.encode()) > limits.max_bytes:
             raise TemplateError(template, 0, f"output exceeds {limits.max_bytes} bytes; set "
@@ -379,6 +408,15 @@ def _describe(exc: BaseException) -> str:
 def _first_line(ast: nodes.Template, name: str) -> int:
     lines = [n.lineno for n in ast.find_all(nodes.Name) if n.name == name and n.ctx == "load"]
     return min(lines) if lines else 0
+
+
+def _include_line(ast: nodes.Template, ref: str) -> int:
+    """The line of the first include/extends/import of ``ref`` in ``ast``."""
+    found = [n.lineno for n in ast.find_all((nodes.Include, nodes.Extends, nodes.Import,
+                                             nodes.FromImport))
+             if isinstance(getattr(n, "template", None), nodes.Const)
+             and n.template.value == ref]  # type: ignore[attr-defined]
+    return min(found) if found else 0
 
 
 def _first_include_line(ast: nodes.Template) -> int:

@@ -225,10 +225,22 @@ def load_topology(path: Path, prompts_root: Path, overrides: dict[str, str] | No
     return topo
 
 
+_VAR_TYPES = ("bool", "float", "int", "str")  # the members of a var's union
+
+
 def _pydantic_problems(exc: ValidationError, loaded: LoadedYaml, file: str) -> list[Problem]:
     out = []
+    vars_seen: set[tuple[Any, ...]] = set()
     for err in exc.errors(include_url=False):
         yaml_loc = _file_loc(tuple(err["loc"]))
+        if len(yaml_loc) == 3 and yaml_loc[0] == "vars" and yaml_loc[2] in _VAR_TYPES:
+            # One problem, not one per member of the union the value failed.
+            if yaml_loc[:2] not in vars_seen:
+                vars_seen.add(yaml_loc[:2])
+                out.append(Problem(file, loaded.line_of(yaml_loc[:2]), _dotted(yaml_loc[:2]),
+                                   "a var is a string, a number or true/false (not a list "
+                                   "or a mapping)"))
+            continue
         msg = err["msg"].removeprefix("Value error, ")  # pydantic's, not ours to show
         if err["type"] == "extra_forbidden":
             msg = "unknown key" + _did_you_mean(str(err["loc"][-1]), tuple(err["loc"][:-1])) \
