@@ -363,7 +363,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         plan = plan_topology(target, args.prompts, overrides)
         problems = diff_golden(golden, golden_of(plan, overrides))
         digest = plan.digest
-        if problems:
+        if problems and golden.topology == plan.manifest.topology.name:
             problems.append(f"if the change is intended, update the golden file: runtime plan "
                             f"{target} --golden-out {args.golden}")
     else:

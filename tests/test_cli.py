@@ -125,7 +125,22 @@ def test_golden_retry_toggle_changes_only_plan_digest(
     diffs = json.loads(out)["differences"]
     assert code == 1
     assert diffs[0].startswith("plan digest ")
+    assert "every prompt and constant is unchanged: a setting in plan.json changed" in diffs[0]
     assert not any(d.startswith("node ") for d in diffs)
+
+
+def test_verify_against_another_topologys_golden_says_so(
+        project: Project, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: a list of prompt differences, and advice to overwrite that golden file."""
+    golden = REPO / "tests" / "golden" / "solidity-audit.json"
+    project.write_topology(make_topology({"a": []}))
+    code, out, _ = _run(capsys, *project.cli("verify", str(project.topology),
+                                             "--golden", str(golden), "--json"))
+    diffs = json.loads(out)["differences"]
+    assert code == 1
+    assert diffs[0] == ("topology: the golden file is for 'solidity-audit', this topology is "
+                        "'t' (the wrong --golden file?)")
+    assert not any("update the golden file" in d for d in diffs)
 
 
 @pytest.mark.parametrize(("argv", "message"), [

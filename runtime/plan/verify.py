@@ -129,6 +129,9 @@ def read_golden(path: Path) -> Golden:
 def diff_golden(expected: Golden, actual: Golden) -> list[str]:
     """Every difference between a golden file and a fresh plan, prompt by prompt."""
     out: list[str] = []
+    if expected.topology != actual.topology:
+        out.append(f"topology: the golden file is for {expected.topology!r}, this topology is "
+                   f"{actual.topology!r} (the wrong --golden file?)")
     for nid in sorted(set(expected.nodes) | set(actual.nodes)):
         old, new = expected.nodes.get(nid), actual.nodes.get(nid)
         if old is None:
@@ -142,6 +145,9 @@ def diff_golden(expected: Golden, actual: Golden) -> list[str]:
             out.append(f"constant {key}: {expected.constants.get(key)} -> "
                        f"{actual.constants.get(key)}")
     if expected.plan_digest != actual.plan_digest:
-        out.append(f"plan digest {expected.plan_digest} -> {actual.plan_digest}")
+        same = "" if out else (" (every prompt and constant is unchanged: a setting in "
+                               "plan.json changed, such as an agent profile, retry settings, "
+                               "artifacts or acceptance)")
+        out.append(f"plan digest {expected.plan_digest} -> {actual.plan_digest}{same}")
     return out
 
