@@ -139,6 +139,16 @@ def test_artifacts_that_is_a_file(project: Project, topo: Path, tmp_path: Path,
     assert afile.read_text() == "root:x:0:0\n"
 
 
+def test_a_missing_prompts_root_is_one_problem(project: Project, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: one 'template not found' per node."""
+    project.write_topology(make_topology({"a": [], "b": ["a"], "c": []}))
+    argv = ["plan", str(project.topology), "--prompts", str(tmp_path / "none"),
+            "--artifacts", str(project.artifacts)]
+    _invalid(project, capsys, argv, f"1 problem\n  {project.topology}: prompts: the prompts "
+             f"root {tmp_path / 'none'} is not a directory")
+
+
 @pytest.mark.parametrize("verb", ["plan", "run", "batch"])
 def test_artifacts_that_cannot_be_written(project: Project, topo: Path,
                                           capsys: pytest.CaptureFixture[str], verb: str) -> None:

@@ -416,9 +416,8 @@ def _reference_problems(data: dict[str, Any], loaded: LoadedYaml, file: str,
         problems.append(Problem(file, loaded.line_of(("defaults", "agent")), "defaults.agent",
                                 f"no agent profile {default_agent!r}; known: {known}"))
     raw_nodes = data.get("nodes")
-    root = prompts_root.resolve()
-    checked: dict[str, str | None] = {}
-    for i, node in enumerate(raw_nodes if isinstance(raw_nodes, list) else []):
+    raw = raw_nodes if isinstance(raw_nodes, list) else []
+    for i, node in enumerate(raw):
         if not isinstance(node, dict):
             continue
         fallback = node.get("fallback")
@@ -429,6 +428,21 @@ def _reference_problems(data: dict[str, Any], loaded: LoadedYaml, file: str,
                     problems.append(Problem(file, loaded.line_of(("nodes", i, field)),
                                             f"nodes[{i}].{field}",
                                             f"no agent profile {name!r}; known: {known}"))
+    return problems + _template_problems(raw, loaded, file, prompts_root)
+
+
+def _template_problems(raw_nodes: list[Any], loaded: LoadedYaml, file: str,
+                       prompts_root: Path) -> list[Problem]:
+    """Templates missing or outside the root; a root that is not a directory, once."""
+    root = prompts_root.resolve()
+    if not root.is_dir() and any(isinstance(n, dict) and "prompt" in n for n in raw_nodes):
+        return [Problem(file, 0, "prompts", f"the prompts root {prompts_root} is not a "
+                        "directory (give the templates' directory with --prompts)")]
+    problems: list[Problem] = []
+    checked: dict[str, str | None] = {}
+    for i, node in enumerate(raw_nodes):
+        if not isinstance(node, dict):
+            continue
         prompt = node.get("prompt")
         if not isinstance(prompt, str) or not _is_relative(prompt):
             continue  # pydantic reports it
