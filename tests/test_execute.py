@@ -129,7 +129,9 @@ def test_an_attempt_the_deadline_stops_is_not_the_nodes_failure(project: Project
     a, b = result.state.nodes["a"], result.state.nodes["b"]
     assert [r.outcome for r in a.attempts] == [Outcome.CANCELLED]
     assert a.attempts[0].error == "stopped at the run's deadline (--deadline)"
-    assert (a.status, a.reason) == (NodeStatus.SKIPPED, "run deadline passed")
+    # Failed by the run's ceiling, with the class that says so (uncharged: not retried).
+    assert (a.status, a.failure, a.reason) == (NodeStatus.FAILED, FailureClass.CANCELLED,
+                                               "run deadline passed")
     assert (b.status, b.failed_ancestor) == (NodeStatus.SKIPPED, "a")
     assert result.state.attempts_used == 1
 

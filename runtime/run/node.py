@@ -27,8 +27,6 @@ class Wait:
     seconds: float
 
 
-# Attempts that say nothing about the node's work: the machine or the operator ended them.
-_NOT_ITS_OWN = (FailureClass.LOST, FailureClass.CANCELLED)
 STOP_STATUS = {StopReason.SUCCEEDED: NodeStatus.SUCCEEDED,
                StopReason.CANCELLED: NodeStatus.PENDING}
 
@@ -140,21 +138,17 @@ class NodeExecutor:
             and last.outcome is Outcome.RATE_LIMITED else 0.0)
 
     def _last_failure(self) -> FailureClass | None:
-        """The class of the node's last failure of its own (not lost, not stopped)."""
         for rec in reversed(self.history):
-            failure = rec.outcome.failure if rec.outcome is not None else None
-            if failure is not None and failure not in _NOT_ITS_OWN:
-                return failure
+            if rec.outcome is not None and rec.outcome is not Outcome.LOST \
+                    and rec.outcome.failure is not None:
+                return rec.outcome.failure
         return None
 
     def _outcome(self, stop: Stop) -> NodeOutcome:
         count = len(self.history)
         status = STOP_STATUS.get(stop.reason, NodeStatus.FAILED)
-        if stop.reason in (StopReason.DEADLINE, StopReason.BUDGET) and \
-                self._last_failure() is None:
-            # Never started, or only stopped (a lost attempt, one the deadline cut short):
-            # the run's ceiling, not a failure of the node's own.
-            return NodeOutcome(NodeStatus.SKIPPED, None, stop.detail, count)
+        if stop.reason in (StopReason.DEADLINE, StopReason.BUDGET) and not self.history:
+            return NodeOutcome(NodeStatus.SKIPPED, None, stop.detail, 0)  # never started
         if status is NodeStatus.PENDING:
             return NodeOutcome(status, FailureClass.CANCELLED, stop.detail, count)
         if status is NodeStatus.SUCCEEDED:
