@@ -17,6 +17,7 @@ import pytest
 
 from runtime.batch import BatchOptions, run_batch
 from runtime.plan.compile import plan_topology
+from runtime.plan.dag import Dag
 from runtime.prompt.redact import Redactor
 from runtime.report.diagram import BOX_H, BOX_W, Diagram, layout
 from runtime.report.findings import dag_order
@@ -217,15 +218,13 @@ def test_batch_report_counts_durations_failures(project: Project) -> None:
 SHIPPED = sorted((REPO / "topologies").glob("*.yaml"))
 
 
-def _random_dag(seed: int) -> nx.DiGraph[str]:
+def _random_dag(seed: int) -> Dag:
     rnd = nx.gnp_random_graph(12, 0.25, seed=seed, directed=True)
-    dag: nx.DiGraph[str] = nx.DiGraph()
-    dag.add_nodes_from(f"n{i}" for i in rnd.nodes)
-    dag.add_edges_from((f"n{u}", f"n{v}") for u, v in rnd.edges if u < v)
-    return dag
+    return Dag.of((f"n{v}", [f"n{u}" for u in sorted(rnd.pred[v]) if u < v])
+                  for v in rnd.nodes)
 
 
-def _graphs() -> list[tuple[str, nx.DiGraph[str]]]:
+def _graphs() -> list[tuple[str, Dag]]:
     out = [(p.stem, plan_topology(p, REPO / "prompts").manifest.dag()) for p in SHIPPED]
     return out + [(f"random-{s}", _random_dag(s)) for s in range(8)]
 
@@ -257,11 +256,11 @@ def _points(path: str) -> list[tuple[float, float]]:
 
 
 @pytest.mark.parametrize(("name", "graph"), _graphs(), ids=[n for n, _ in _graphs()])
-def test_no_edge_crosses_a_node_box(name: str, graph: nx.DiGraph[str]) -> None:
+def test_no_edge_crosses_a_node_box(name: str, graph: Dag) -> None:
     diagram: Diagram = layout(graph)
     boxes = {b.node: b for b in diagram.boxes}
     assert set(boxes) == set(graph.nodes)
-    assert len(diagram.edges) == graph.number_of_edges()
+    assert len(diagram.edges) == len(graph.edges)
     for edge in diagram.edges:
         pts = _points(edge.path)
         src, dst = boxes[edge.source], boxes[edge.target]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -18,12 +18,9 @@ from runtime.digest import blake3_hex, canonical_json
 from runtime.errors import PlanFormatError
 from runtime.failures import FailureClass
 from runtime.files import read_regular
+from runtime.plan.dag import Dag
 from runtime.plan.profiles import AgentProfile
 from runtime.plan.topology import ArtifactSpec
-
-if TYPE_CHECKING:
-    import networkx as nx
-
 
 MANIFEST_NAME = "plan.json"
 
@@ -85,18 +82,9 @@ class Manifest(_Frozen):
         """The manifest's canonical JSON: the bytes written as ``plan.json`` and digested."""
         return canonical_json(self.model_dump(mode="json", by_alias=True))
 
-    def dag(self) -> nx.DiGraph[str]:
-        """The node graph (edges upstream -> downstream), for the scheduler and reports.
-
-        networkx is imported here, not at module level: planning does not need it.
-        """
-        import networkx as nx
-
-        graph: nx.DiGraph[str] = nx.DiGraph()
-        for nid, node in self.nodes.items():
-            graph.add_node(nid)
-            graph.add_edges_from((up, nid) for up in node.needs)
-        return graph
+    def dag(self) -> Dag:
+        """The node graph (edges upstream -> downstream), for the scheduler and reports."""
+        return Dag.of((nid, node.needs) for nid, node in self.nodes.items())
 
     def digest(self) -> str:
         """The plan digest: blake3 of the canonical ``plan.json`` bytes."""

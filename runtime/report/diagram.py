@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import networkx as nx
+from runtime.plan.dag import Dag
 
 BOX_W, BOX_H = 148, 58
 GAP_X, GAP_Y = 36, 12
@@ -53,14 +53,14 @@ class Diagram:
     box_h: int = BOX_H
 
 
-def _layers(graph: nx.DiGraph[str], order: list[str]) -> dict[str, int]:
+def _layers(graph: Dag, order: list[str]) -> dict[str, int]:
     layer: dict[str, int] = {}
     for nid in order:
         layer[nid] = max((layer[u] + 1 for u in graph.pred[nid]), default=0)
     return layer
 
 
-def _virtualise(graph: nx.DiGraph[str], order: list[str], layer: dict[str, int],
+def _virtualise(graph: Dag, order: list[str], layer: dict[str, int],
                 ) -> tuple[list[list[str]], dict[tuple[str, str], list[str]],
                            dict[str, list[str]], dict[str, list[str]]]:
     """Columns of real and virtual nodes; each edge's chain of virtual nodes."""
@@ -107,9 +107,9 @@ def _order(columns: list[list[str]], succ: dict[str, list[str]],
             sweep(col, succ)
 
 
-def layout(graph: nx.DiGraph[str]) -> Diagram:
+def layout(graph: Dag) -> Diagram:
     """Place every node of ``graph`` and route every edge."""
-    order = list(nx.lexicographical_topological_sort(graph))
+    order = graph.order()
     if not order:
         return Diagram(width=2 * PAD, height=2 * PAD, boxes=[], edges=[])
     layer = _layers(graph, order)
@@ -135,7 +135,7 @@ def layout(graph: nx.DiGraph[str]) -> Diagram:
                    edges=edges)
 
 
-def _route(graph: nx.DiGraph[str], chains: dict[tuple[str, str], list[str]],
+def _route(graph: Dag, chains: dict[tuple[str, str], list[str]],
            x: dict[str, float], y: dict[str, float]) -> list[Edge]:
     def centre(n: str) -> float:
         return y[n] + (SLOT_H / 2 if n.startswith("\0") else BOX_H / 2)

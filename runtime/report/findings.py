@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import networkx as nx
 from pydantic import BaseModel, ConfigDict
 
 from runtime.digest import blake3_hex, canonical_json
@@ -191,7 +190,7 @@ def merge(run_dirs: Iterable[Path]) -> Findings:
 
 def dag_order(manifest: Manifest) -> list[str]:
     """Nodes in the order the scheduler considers them (deterministic topological)."""
-    return list(nx.lexicographical_topological_sort(manifest.dag()))
+    return manifest.dag().order()
 
 
 def run_findings(run_dir: Path, loaded: tuple[Manifest, RunState] | None = None) -> Findings:

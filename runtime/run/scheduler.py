@@ -30,8 +30,6 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-import networkx as nx
-
 from runtime.agents.command import Started
 from runtime.agents.supervise import POLL_S, Running, Supervisor
 from runtime.errors import FatalRunError
@@ -112,7 +110,7 @@ class Scheduler:
     def __init__(self, ctx: RunContext, state: RunState) -> None:
         self.ctx = ctx
         self.graph = ctx.manifest.dag()
-        self.order = list(nx.lexicographical_topological_sort(self.graph))
+        self.order = self.graph.order()
         self.status = {n: s.status for n, s in state.nodes.items()}
         self.history = dict(state.nodes)
         self._state_written = 0.0
@@ -146,7 +144,7 @@ class Scheduler:
                 bisect.insort(self.ready, child, key=self._rank.__getitem__)
 
     def _skip_descendants(self, failed: str, reason: str = "") -> None:
-        below = nx.descendants(self.graph, failed)
+        below = self.graph.descendants(failed)
         for nid in self.order:
             if nid in below and not self.status[nid].is_terminal():
                 self.status[nid] = NodeStatus.SKIPPED
