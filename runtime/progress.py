@@ -88,17 +88,28 @@ class LiveProgress(Progress):
 
 
 def summary_table(summary: BatchSummary) -> Table:
-    """The end-of-batch table: one row per topology, with node counts and attempts."""
+    """The end-of-batch table: one row per topology, with node counts and attempts.
+
+    Seven columns fit an 80-column terminal: the topology and its status never shrink
+    to an ellipsis, the node counts share one column, and the prose columns wrap (a node
+    id folds rather than losing its end).
+    """
     table = Table(title=f"batch {summary.batch_id}: {summary.status}")
-    for col in ("topology", "status", "succeeded", "failed", "skipped", "attempts",
-                "succeeded after feedback", "findings", "first failure"):
-        table.add_column(col)
+    longest = max((len(e.topology or e.source) for e in summary.entries), default=8)
+    table.add_column("topology", no_wrap=True, min_width=min(longest, 40))
+    table.add_column("status", no_wrap=True, min_width=len("cancelled"))
+    table.add_column("nodes", overflow="fold")
+    table.add_column("attempts", justify="right", overflow="fold")
+    for col in ("succeeded after feedback", "findings", "first failure"):
+        table.add_column(col, overflow="fold")
     style = {"succeeded": "green", "failed": "red", "invalid": "red", "cancelled": "yellow"}
     for e in summary.entries:
-        by = [sum(1 for n in e.nodes.values() if n.status.value == s)
-              for s in ("succeeded", "failed", "skipped")]
-        table.add_row(e.topology or e.source, f"[{style[e.status]}]{e.status}",
-                      *map(str, by), str(sum(n.attempts for n in e.nodes.values())),
+        counts = {s: sum(1 for n in e.nodes.values() if n.status.value == s)
+                  for s in ("succeeded", "failed", "skipped")}
+        nodes = " ".join(f"{n} {'ok' if s == 'succeeded' else s}" for s, n in counts.items()
+                         if n) or "-"
+        table.add_row(e.topology or e.source, f"[{style[e.status]}]{e.status}", nodes,
+                      str(sum(n.attempts for n in e.nodes.values())),
                       ", ".join(e.retries_after_feedback) or "-",
                       ", ".join(f"{n} {lv}" for lv, n in e.findings.items() if n) or "-",
                       _first_failure(e))

@@ -12,7 +12,7 @@ from runtime.batch import BatchOptions, run_batch
 from runtime.cli import main
 from runtime.errors import UsageError
 from runtime.prompt.redact import Redactor
-from runtime.run.summary import BatchSummary
+from runtime.run.summary import BatchEntry, BatchSummary
 from tests.conftest import Project, make_topology
 
 
@@ -178,6 +178,27 @@ def test_summary_table_names_the_first_failure_in_the_agent_s_words(
     assert f"x: agent_exit: {bad.nodes['x'].summary}" in out.getvalue()
     good = next(e for e in summary.entries if e.topology == "good")
     assert good.nodes["b"].summary == ""  # it failed once, then succeeded: nothing to fix
+
+
+def test_summary_table_keeps_names_and_statuses_whole_at_80_columns() -> None:
+    """Before: 'incident-rep…' and 'succe…' at 80 columns, and names cut even at 120."""
+    import io
+
+    from rich.console import Console
+
+    from runtime.progress import summary_table
+
+    summary = BatchSummary(batch_id="b", status="failed", entries=[
+        BatchEntry(source="t/a.yaml", topology="incident-replay-long-name", status="succeeded",
+                   retries_after_feedback=["durable-handler"]),
+        BatchEntry(source="t/b.yaml", topology="supply-chain-review", status="cancelled")])
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(summary_table(summary))
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for whole in ("incident-replay-long-name", "supply-chain-review", "succeeded",
+                  "cancelled"):
+        assert whole in text, text
 
 
 def test_batch_takes_the_run_options_and_logs_events_without_a_terminal(
