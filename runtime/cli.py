@@ -8,6 +8,7 @@ traceback (set RUNTIME_DEBUG=1 to get one).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import math
@@ -593,7 +594,8 @@ def _retry_batch(args: argparse.Namespace, batch_dir: Path, request: Any, redact
             if not (run_dir / "ledger.jsonl").is_file():
                 continue  # invalid before it ran: nothing to retry
             result = retry_run(run_dir, request, redactor=redactor,
-                               hooks=_hooks(cancel, args), deadline_at=deadline_at)
+                               hooks=_hooks(cancel, args, prefix=f"{entry.topology}: "),
+                               deadline_at=deadline_at)
             retried += 1
             sys.stderr.write(f"{result.run_id}: {result.status.value}\n")
         final = rewrite_summary(batch_dir)
@@ -721,15 +723,18 @@ def _engine_options(p: argparse.ArgumentParser) -> None:
                    "started for this run")
 
 
-def _hooks(cancel: Any, args: argparse.Namespace, engine: Any = None) -> Any:
+def _hooks(cancel: Any, args: argparse.Namespace, engine: Any = None, *,
+           prefix: str = "") -> Any:
     """Build the run's hooks: cancellation, the engine, and per-node progress lines on stderr.
 
     The engine is ``engine``, else the one --engine names. One stderr line per node event
     as it happens: CI logs show progress; --json keeps stderr quiet for machines.
+    ``prefix``: put before each line (the topology, when a batch's runs share stderr).
     """
     from runtime.run.start import Hooks
 
-    printer = None if getattr(args, "json", False) else _print_event
+    printer = None if getattr(args, "json", False) else \
+        functools.partial(_print_event, prefix=prefix)
     return Hooks(cancel=cancel, after_append=printer, engine=engine or _engine(args))
 
 
@@ -745,12 +750,12 @@ def _engine(args: argparse.Namespace) -> Any:
     return RayEngine(address)
 
 
-def _print_event(ev: Any) -> None:
+def _print_event(ev: Any, prefix: str = "") -> None:
     from runtime.eventlines import event_line
 
     line = event_line(ev)
     if line:
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(prefix + line + "\n")
         sys.stderr.flush()
 
 

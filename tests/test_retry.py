@@ -89,13 +89,18 @@ def test_retry_of_a_succeeded_run_changes_nothing(project: Project) -> None:
 
 
 def test_retry_a_batch_reruns_its_failed_runs_and_rewrites_the_summary(
-        batch_project: Project) -> None:  # noqa: F811 - the imported fixture
+        batch_project: Project,  # noqa: F811 - the imported fixture
+        capsys: pytest.CaptureFixture[str]) -> None:
     first = run_batch([batch_project.root / "topologies"],
                       _options(batch_project, batch_id="rb"))
     good_ledger = batch_project.artifacts / "runs" / "rb-good" / "ledger.jsonl"
     good_before = good_ledger.read_bytes()
+    capsys.readouterr()
     assert main(["retry", "rb", "--artifacts", str(batch_project.artifacts),
                  "--set", "x.max_attempts=2"]) == 1  # the scripted mistake persists
+    out, err = capsys.readouterr()
+    assert "bad: [" in err  # each event line names its topology, as batch's lines do
+    assert "(1 run retried)" in out
     assert good_ledger.read_bytes() == good_before
     after = BatchSummary.model_validate_json(
         (batch_project.artifacts / "batches" / "rb" / "summary.json").read_bytes())
