@@ -259,7 +259,8 @@ def test_run_plan_directory(project: Project, capsys: pytest.CaptureFixture[str]
 
 
 @pytest.mark.parametrize(("extra", "message"), [
-    (["--agent", "gpt"], "--agent gpt: no such profile in the plan; known: flaky, sim, simulated"),
+    (["--agent", "gpt"], "--agent gpt: topology 't' has no such profile; its profiles (and "
+     "the built-in ones): flaky, sim, simulated"),
     (["--set", "zz.max_attempts=2"], "--set zz.max_attempts=2: no node 'zz' in the plan"),
     (["--set", "a.backoff_s=2"], "'backoff_s' cannot be set per run; settable: max_attempts"),
         (["--set", "a.timeout_s=nan"], "timeout_s takes seconds"),

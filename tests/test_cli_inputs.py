@@ -45,7 +45,8 @@ def topo(project: Project) -> Path:
     (["--deadline", "nan"], "--deadline nan: must be a positive, finite number of seconds"),
     (["--deadline", "inf"], "--deadline inf: must be a positive, finite number of seconds"),
     (["--run-id", "../escape"], "--run-id '../escape': use 1-128 of"),
-    (["--agent", "gpt"], "--agent gpt: no such profile in the plan; known: sim, simulated"),
+    (["--agent", "gpt"], "--agent gpt: topology 't' has no such profile; its profiles (and "
+     "the built-in ones): sim, simulated"),
     (["--set", "zz.max_attempts=2"], "--set zz.max_attempts=2: no node 'zz' in the plan"),
     (["--set", "a.max_attempts=0"], "max_attempts takes a whole number from 1 to 20"),
     (["--operator-prompt", "/nonexistent/op.txt"],

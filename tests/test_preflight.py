@@ -230,7 +230,7 @@ def test_doctor_refuses_an_unknown_agent(project: Project,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     project.write_topology(topo())
     assert main(project.cli("doctor", str(project.topology), "--agent", "nope")) == 2
-    assert "--agent nope: no such profile in the plan" in capsys.readouterr().err
+    assert "--agent nope: topology " in capsys.readouterr().err
 
 
 def test_run_refuses_before_the_first_node(project: Project,

@@ -73,8 +73,8 @@ def check_settings(manifest: Manifest, settings: RunSettings) -> None:
     """Refuse settings that name a profile, node or field the plan does not have."""
     known = ", ".join(sorted(manifest.agents))
     if settings.agent is not None and settings.agent not in manifest.agents:
-        raise UsageError(f"--agent {settings.agent}: no such profile in the plan; known: "
-                         f"{known}")
+        raise UsageError(f"--agent {settings.agent}: topology {manifest.topology.name!r} has "
+                         f"no such profile; its profiles (and the built-in ones): {known}")
     for node in settings.overrides:
         if node not in manifest.nodes:
             raise UsageError(f"--set {node}.*: no node {node!r} in the plan; nodes: "
