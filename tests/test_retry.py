@@ -78,6 +78,24 @@ def test_the_first_retried_attempt_names_the_failure_that_caused_the_retry(
     assert "attempts 4 · max_attempts 2 per try · retry_feedback true" in page
 
 
+def test_a_retried_runs_duration_leaves_out_the_time_between_tries(project: Project) -> None:
+    """Before: the report counted the hour between the run and its retry as run time."""
+    import time
+
+    from runtime.report.html import run_times
+    from runtime.run.start import Hooks
+
+    run_dir = _failed_run(project)
+    later = Hooks(clock=lambda: time.time() + 3600)  # the retry, an hour on
+    retry_run(run_dir, RetryRequest(agent="write_all"), hooks=later)
+    times = run_times(read_events(run_dir / "ledger.jsonl"))
+    assert times.finished is not None
+    assert times.started is not None
+    assert times.finished - times.started > 3600
+    assert times.duration is not None
+    assert times.duration < 600
+
+
 def test_retry_of_a_succeeded_run_changes_nothing(project: Project) -> None:
     topo = make_topology({"a": []})
     topo["agents"] = python_agents("write_all")

@@ -258,11 +258,18 @@ class RunTimes:
     started: float | None
     finished: float | None
     attempts: dict[tuple[str, int], AttemptStarted]  # (node, attempt) -> its start event
+    active: float | None = None  # seconds some process was running it (gaps left out)
 
     @property
     def duration(self) -> float | None:
-        """The run's wall-clock seconds, or None while it has not finished."""
-        return self.finished - self.started if self.started and self.finished else None
+        """The seconds the run ran, or None while it has not finished.
+
+        Summed over each process that ran it (run, resume, retry): the hour between a run
+        and its ``runtime retry`` is not the run's.
+        """
+        if not self.started or not self.finished:
+            return None
+        return self.active if self.active is not None else self.finished - self.started
 
 
 def run_times(events: list[Event]) -> RunTimes:
@@ -270,7 +277,16 @@ def run_times(events: list[Event]) -> RunTimes:
     started = next((e.ts for e in events if isinstance(e, RunStarted)), None)
     finished = next((e.ts for e in reversed(events) if isinstance(e, RunFinished)), None)
     starts = {(e.node, e.attempt): e for e in events if isinstance(e, AttemptStarted)}
-    return RunTimes(started=started, finished=finished, attempts=starts)
+    active, since, last = 0.0, None, None
+    for e in events:  # a process's span: its run.started to its last event
+        if isinstance(e, RunStarted):
+            if since is not None and last is not None:
+                active += last - since
+            since = e.ts
+        last = e.ts
+    if since is not None and last is not None:
+        active += last - since
+    return RunTimes(started=started, finished=finished, attempts=starts, active=active)
 
 
 def _diagram_nodes(views: list[NodeView]) -> dict[str, dict[str, str]]:
