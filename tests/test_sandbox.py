@@ -518,6 +518,40 @@ def test_a_descendant_that_forks_and_exits_in_a_loop_does_not_survive(
                 os.kill(pid, signal.SIGKILL)
 
 
+# Node b: its worker X leaves b's session (setsid) and stays b's child; a grandchild of
+# X, orphaned, is adopted by the runtime (subreaper), in X's process group. Node a ends
+# while X still works (a review found a's cleanup killing X's whole group).
+_WORKER = r"""
+import os, sys, time
+node = os.environ["RUNTIME_NODE"]
+if node == "a":
+    time.sleep(1.0)
+    open("a.json", "w").write("{}")
+    sys.exit(0)
+x = os.fork()
+if x == 0:
+    os.setsid()
+    if os.fork() == 0:
+        if os.fork() == 0:
+            time.sleep(4)
+            os._exit(0)
+        os._exit(0)
+    time.sleep(3)
+    open("b.json", "w").write("{}")
+    os._exit(0)
+_, status = os.waitpid(x, 0)
+print("worker status", status, file=sys.stderr)
+sys.exit(0 if os.path.exists("b.json") else 3)
+"""
+
+
+def test_a_cleanup_spares_another_attempts_live_worker(project: Project) -> None:
+    result = run_topology(project, _topo([sys.executable, "-c", _WORKER], sandboxed=False,
+                                         dag={"a": [], "b": []}), jobs=2)
+    b = result.state.nodes["b"]
+    assert b.status.value == "succeeded", [(x.outcome, x.error) for x in b.attempts]
+
+
 @pytest.mark.parametrize("sandboxed", [True, False])
 def test_parallel_attempts_each_leave_nothing_behind(project: Project, sandboxed: bool) -> None:
     token = f"hostile-{secrets.token_hex(8)}"

@@ -162,7 +162,8 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
             with _lock:
                 others = _leaders - {leader}
             children: dict[int, list[Proc]] = {}
-            for p in table(None if scan_all else leader):
+            scanned = table(None if scan_all else leader)
+            for p in scanned:
                 children.setdefault(p.ppid, []).append(p)
             roots = [p for p in children.get(me, [])
                      if p.sid != my_sid and p.pid not in others and p.sid not in others
@@ -176,7 +177,8 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
             # A process that forks and exits in a loop keeps one step ahead of a scan;
             # its whole group dies at once (the kernel makes a fork either see the group's
             # kill or be killed with it).
-            for pgid in {p.pgid for p in doomed} - {0, my_pgid, *others}:
+            for pgid in _doomed_groups(doomed, {0, my_pgid, *others},
+                                       scanned if scan_all else None):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
         killed += sum(1 for p in doomed if p.state != "Z")
@@ -186,6 +188,25 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
                 "that leaves its session at every fork); the rest is left running",
                 leader, KILL_ROUNDS_S)
     return killed
+
+
+def _doomed_groups(doomed: list[Proc], spared: set[int],
+                   everything: list[Proc] | None) -> list[int]:
+    """The process groups of ``doomed`` that hold no live process outside it.
+
+    A group may also hold a process that is not this attempt's to kill (another
+    attempt's worker that called ``setsid``, whose orphaned grandchild this attempt
+    adopted): such a group is left to the kills by pid. ``everything``: the whole process
+    table when the caller has it; otherwise it is read here (only when there is a group
+    to decide on, which takes an agent that detaches).
+    """
+    groups = {p.pgid for p in doomed} - spared
+    if not groups:
+        return []
+    pids = {p.pid for p in doomed}
+    others = {p.pgid for p in (everything if everything is not None else table(None))
+              if p.pgid in groups and p.pid not in pids and p.state != "Z"}
+    return sorted(groups - others)
 
 
 def _has_children() -> bool:
