@@ -221,7 +221,9 @@ def test_host_unix_sockets_are_out_of_reach(project: Project) -> None:
     """A read-only root does not stop ``connect()``: a daemon's socket outside ``/tmp`` (a
     ``docker.sock``) is covered, and ``/run``, where daemons keep theirs, is empty (a
     red-team pass reached a host socket from ``network: false``)."""
-    root = Path(tempfile.mkdtemp(prefix="sandbox-sock-", dir="/var/tmp"))
+    # Outside every directory the sandbox makes private (/tmp, /var/tmp, /run): only the
+    # /dev/null cover stands between the agent and the socket.
+    root = Path(tempfile.mkdtemp(prefix="sandbox-sock-", dir=Path.home()))
     server = socket.socket(socket.AF_UNIX)
     try:
         server.bind(str(root / "daemon.sock"))
@@ -251,7 +253,7 @@ def test_private_state_does_not_carry_what_an_agent_planted(
     """A red-team pass: with ~/.claude/ writable, one agent left a CLAUDE.md and a
     settings.json hook for every later agent, and for the user's own claude. Private
     paths are per-attempt copies; a writable credentials file inside one persists."""
-    home = Path(tempfile.mkdtemp(prefix="sandbox-home-", dir="/var/tmp"))
+    home = Path(tempfile.mkdtemp(prefix="sandbox-home-", dir=Path.home()))
     try:
         (home / ".claude").mkdir()
         (home / ".claude" / "CLAUDE.md").write_text("the user's own memory\n")
@@ -292,9 +294,67 @@ def test_private_state_does_not_carry_what_an_agent_planted(
                     ".claude/.credentials.json": "tok2"}
 
 
+@pytest.mark.parametrize("where", ["/var/lock/rt-any-user.sock", "/dev/shm/rt-any-user.sock",
+                                   "/var/tmp/rt-any-user.sock"])
+def test_a_socket_any_local_user_can_bind_does_not_stop_the_sandbox(
+        project: Project, where: str) -> None:
+    """A review: a socket in a world-writable directory reached through a link into /run
+    (/var/lock) or inside the sandbox's own /dev made every sandboxed attempt fail (bwrap
+    could not create the cover's mount point)."""
+    if not os.path.isdir(os.path.dirname(os.path.realpath(where))):
+        pytest.fail(f"{where}: this host lacks the world-writable directory the test needs")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(where)
+    try:
+        result = run_topology(project, _topo(["sh", "-c", "printf {} > a.json"]))
+    finally:
+        server.close()
+        os.unlink(where)
+    assert result.status is RunStatus.SUCCEEDED, result.state.nodes["a"].attempts
+
+
+def test_a_program_on_path_under_run_is_shown_again(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NixOS keeps PATH under /run (/run/current-system/sw/bin): the empty /run must not
+    hide it (a review: every such agent was a launch_error)."""
+    bindir = Path(tempfile.mkdtemp(prefix="rt-bin-", dir="/run"))
+    try:
+        tool = bindir / "rt-agent"
+        tool.write_text("#!/bin/sh\nprintf {} > a.json\n")
+        tool.chmod(0o755)
+        monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+        result = run_topology(project, _topo(["rt-agent"]))
+    finally:
+        shutil.rmtree(bindir)
+    assert result.status is RunStatus.SUCCEEDED, result.state.nodes["a"].attempts
+
+
+def test_a_private_file_kept_as_a_link_is_copied(project: Project,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dotfile managers keep ~/.claude.json as a link (a review: every attempt failed
+    with 'Too many levels of symbolic links')."""
+    home = Path(tempfile.mkdtemp(prefix="sandbox-home-", dir=Path.home()))
+    try:
+        (home / "dotfiles").mkdir()
+        (home / "dotfiles" / "claude.json").write_text('{"n": 1}')
+        (home / ".claude.json").symlink_to(home / "dotfiles" / "claude.json")
+        monkeypatch.setenv("HOME", str(home))
+        script = ('cat "$HOME/.claude.json" > seen.txt; echo x >> "$HOME/.claude.json"; '
+                  'printf {} > a.json')
+        result = run_topology(project, _topo(["sh", "-c", script],
+                                             sandbox={"private": ["~/.claude.json"]}))
+        kept = (home / "dotfiles" / "claude.json").read_text()
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert result.status is RunStatus.SUCCEEDED, result.state.nodes["a"].attempts
+    seen = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace" / "seen.txt"
+    assert seen.read_text() == '{"n": 1}'
+    assert kept == '{"n": 1}'
+
+
 def test_host_sockets_lists_what_the_sandbox_would_still_show(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    outside = Path(tempfile.mkdtemp(prefix="sandbox-sock-", dir="/var/tmp"))
+    outside = Path(tempfile.mkdtemp(prefix="sandbox-sock-", dir=Path.home()))
     exposed, hidden = tmp_path / "venv", tmp_path / "private"
     exposed.mkdir()
     hidden.mkdir()
@@ -305,6 +365,10 @@ def test_host_sockets_lists_what_the_sandbox_would_still_show(
             srv.bind(str(path))
             servers.append(srv)
         (outside / "plain").write_text("not a socket")
+        # A path through a link: named by its real path (a link into a private root would
+        # be no mount point in the sandbox: every attempt failed when one was listed).
+        (outside / "link-out").symlink_to(outside)
+        (outside / "link-in").symlink_to(hidden)
         table = tmp_path / "unix"
         table.write_text(
             "Num       RefCount Protocol Flags    Type St Inode Path\n"
@@ -314,7 +378,9 @@ def test_host_sockets_lists_what_the_sandbox_would_still_show(
             f"0: 00000002 00000000 00010000 0001 01 4 {outside / 'plain'}\n"
             "0: 00000002 00000000 00010000 0001 01 5 /run/docker.sock\n"
             "0: 00000002 00000000 00010000 0001 01 6 @abstract\n"
-            "0: 00000002 00000000 00000000 0001 01 7\n")
+            "0: 00000002 00000000 00000000 0001 01 7\n"
+            f"0: 00000002 00000000 00010000 0001 01 8 {outside / 'link-out' / 'd.sock'}\n"
+            f"0: 00000002 00000000 00010000 0001 01 9 {outside / 'link-in' / 'h.sock'}\n")
         monkeypatch.setattr(sandbox, "_UNIX_SOCKETS", str(table))
         found = sandbox.host_sockets([exposed])
     finally:

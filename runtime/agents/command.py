@@ -122,8 +122,13 @@ class CommandAgent:
         fds = sandbox.open_private_files(spec)
         if isinstance(fds, str):
             return fds
-        return (sandbox.bwrap_argv(bwrap.path, spec, self.argv(inv, inside=True), fds),
-                sandbox.sandbox_environment(env), fds)
+        try:
+            argv = sandbox.bwrap_argv(bwrap.path, spec, self.argv(inv, inside=True), fds)
+        except BaseException:  # the descriptors are the caller's only once returned
+            for fd in fds.values():
+                os.close(fd)
+            raise
+        return argv, sandbox.sandbox_environment(env), fds
 
     def run(self, inv: Invocation) -> AgentExit:
         """Launch the agent (sandboxed unless the profile opts out), supervise it, read its result.

@@ -6,7 +6,7 @@ Inside the sandbox an agent sees (DESIGN section 10, issue 8):
 - its workspace read-write at the fixed path ``/mnt/workspace`` (its working
   directory), with ``/mnt/workspace/inputs`` (upstream artifacts) read-only on top;
 - the attempt's ``prompt.md`` and ``attempt.json`` read-only under ``/mnt/attempt``;
-- a private ``/tmp``, its own ``/proc`` and a minimal ``/dev``;
+- a private ``/tmp`` and ``/var/tmp``, its own ``/proc`` and a minimal ``/dev``;
 - no host Unix socket: a read-only root does not stop ``connect()``, and a socket is a
   door out of the sandbox (``docker.sock`` is root on the host). An empty ``/run``
   (where daemons put theirs; files ``/etc`` links into it, such as ``resolv.conf``,
@@ -122,17 +122,29 @@ class SandboxSpec:
     expose: tuple[Path, ...] = ()
 
 
+# Host directories the sandbox replaces with its own empty ones: the world-writable ones
+# (anyone on the host could put a socket there, or swap one as an attempt starts) and
+# /run, where daemons keep theirs.
+PRIVATE_ROOTS = ("/tmp", "/var/tmp", "/run", "/var/run")
+
+
 def tmp_roots(paths: Iterable[str]) -> tuple[Path, ...]:
-    """The top-level ``/tmp/<name>`` directories that hold any of ``paths``."""
+    """The top-level directories under a private root that hold any of ``paths``.
+
+    ``/tmp/<name>``, ``/run/<name>``: shown again, read-only (a program's checkout or venv
+    under ``/tmp``; NixOS's ``/run/current-system`` on ``PATH``).
+    """
     out: list[Path] = []
     for raw in paths:
         if not raw:
             continue
         path = Path(os.path.abspath(raw))
-        if path.parts[:2] == ("/", "tmp") and len(path.parts) > 2:
-            top = Path("/tmp", path.parts[2])
-            if top.is_dir() and top not in out:
-                out.append(top)
+        for root in PRIVATE_ROOTS:
+            depth = len(Path(root).parts)
+            if path.parts[:depth] == Path(root).parts and len(path.parts) > depth:
+                top = Path(root, path.parts[depth])
+                if top.is_dir() and top not in out:
+                    out.append(top)
     return tuple(out)
 
 
@@ -166,18 +178,20 @@ def open_private_files(spec: SandboxSpec) -> dict[str, int] | str:
     """An open descriptor of each private file that exists, to copy into the sandbox.
 
     Host path -> descriptor (bubblewrap's ``--bind-data`` reads it, so the copy lives in
-    the sandbox's memory and is gone when it ends; the caller closes them). Opened without
-    following a link: an earlier agent may have swapped the file for one. Returns why a
-    file cannot be copied instead (and closes what it opened).
+    the sandbox's memory and is gone when it ends; the caller closes them). A link is
+    followed (dotfile managers keep ``~/.claude.json`` as one): the runtime reads with
+    the agent's own rights, so a link can show it nothing it could not read itself. Only a
+    regular file is copied (a FIFO would block). Returns why a file cannot be copied
+    instead (and closes what it opened).
     """
     from runtime.files import UnsafeFileError, open_no_follow
 
     fds: dict[str, int] = {}
     for path in expand_writable(spec.private, spec.home):
-        if path.endswith("/") or not os.path.lexists(path):
+        if path.endswith("/") or not os.path.exists(path):
             continue
         try:
-            fd = open_no_follow(path)
+            fd = open_no_follow(os.path.realpath(path))
             fds[path] = fd
             if os.fstat(fd).st_size > PRIVATE_FILE_MAX:
                 raise UnsafeFileError(f"larger than {PRIVATE_FILE_MAX} bytes")
@@ -202,8 +216,7 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str],
         argv += ["--ro-bind", "/", "/"]
     else:
         argv += ["--tmpfs", "/", *_host_root()]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", str(MOUNTS),
-             *_empty_run()]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", str(MOUNTS), *_empty_roots()]
     argv += _host_binds(spec, private_fds or {}) + _attempt_binds(spec)
     argv += ["--remount-ro", str(MOUNTS), "--remount-ro", "/", "--chdir", str(WORKSPACE),
              "--", *command]
@@ -217,8 +230,8 @@ def _host_binds(spec: SandboxSpec, private_fds: Mapping[str, int]) -> list[str]:
     whichever list it is in (a writable credentials file inside a private directory).
     """
     argv: list[str] = []
-    for shown in spec.expose:
-        argv += ["--ro-bind", str(shown), str(shown)]
+    for exposed in spec.expose:
+        argv += ["--ro-bind", str(exposed), str(exposed)]
     mounts = [(p, True) for p in expand_writable(spec.private, spec.home)] + \
         [(p, False) for p in expand_writable(spec.writable, spec.home)]
     for path, private in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
@@ -227,15 +240,22 @@ def _host_binds(spec: SandboxSpec, private_fds: Mapping[str, int]) -> list[str]:
             argv += ["--bind-try", bare, bare]
         elif path.endswith("/"):
             argv += ["--tmpfs", bare]
-        elif path in private_fds:
-            argv += ["--bind-data", str(private_fds[path]), bare]
-    for door in host_sockets(spec.expose):
+        elif path in private_fds:  # at the link's target, when it is a link
+            argv += ["--bind-data", str(private_fds[path]), os.path.realpath(bare)]
+    shown = [*spec.expose, *(Path(p.rstrip("/")) for p in
+                              expand_writable(spec.writable, spec.home))]
+    covered = [*map(Path, PRIVATE_ROOTS), Path("/proc"), Path("/dev"), Path(MOUNTS),
+               *spec.hide,
+               *(Path(p.rstrip("/")) for p in expand_writable(spec.private, spec.home)
+                 if p.endswith("/"))]
+    for door in host_sockets(shown, covered):
         argv += ["--ro-bind", "/dev/null", door]
     for hidden in spec.hide:
-        # Under /tmp the private tmpfs already hides it (unless exposed again); elsewhere
-        # an empty read-only tmpfs covers it (after the writable binds, so a writable
-        # path cannot expose it).
-        if not _under(hidden, "/tmp") or any(_under(hidden, str(e)) for e in spec.expose):
+        # Under a private root (/tmp) its tmpfs already hides it (unless exposed again);
+        # elsewhere an empty read-only tmpfs covers it (after the writable binds, so a
+        # writable path cannot expose it).
+        if not any(_under(hidden, r) for r in PRIVATE_ROOTS) or any(
+                _under(hidden, str(e)) for e in spec.expose):
             argv += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
     return argv
 
@@ -257,12 +277,15 @@ _RUN_DIRS = ("/run", "/var/run")  # where daemons bind their sockets (FHS)
 _UNIX_SOCKETS = "/proc/net/unix"
 
 
-def _empty_run() -> list[str]:
-    """An empty ``/run`` (and ``/var/run`` unless it links there); ``/etc``'s links kept."""
+def _empty_roots() -> list[str]:
+    """An empty tmpfs over each private root that is a directory, not a link to another.
+
+    The files ``/etc`` links into ``/run`` are shown again.
+    """
     argv: list[str] = []
-    for run in _RUN_DIRS:
-        if os.path.isdir(run) and not os.path.islink(run):
-            argv += ["--tmpfs", run]
+    for root in PRIVATE_ROOTS:
+        if os.path.isdir(root) and not os.path.islink(root):
+            argv += ["--tmpfs", root]
     for kept in _etc_links_into_run():
         argv += ["--ro-bind", kept, kept]
     return argv
@@ -286,32 +309,39 @@ def _etc_links_into_run() -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def host_sockets(expose: Iterable[Path] = ()) -> list[str]:
+def host_sockets(shown: Iterable[Path] = (),
+                 covered: Iterable[Path] = map(Path, PRIVATE_ROOTS)) -> list[str]:
     """Unix sockets bound to a path that an agent would still see, to cover with /dev/null.
 
     From ``/proc/net/unix`` (sockets bound in this network namespace), read for every
-    attempt since daemons come and go. Those under ``/run`` and ``/tmp`` are already out of
-    sight (unless under an ``expose``d ``/tmp`` directory); a path that is not a socket
-    here (bound in another mount namespace) is left alone.
+    attempt since daemons come and go, each by its real path (a path through a link would
+    be no mount point in the sandbox). One under a ``covered`` directory is out of sight
+    already, unless under one ``shown`` again; a path that is not a socket here (bound in
+    another mount namespace) is left alone.
+
+    Not found this way: a socket bound in another network namespace (a container's), one
+    renamed after it was bound, one bound with a relative path. Outside the private roots
+    only a privileged user can put one, so the README tells operators what to keep out.
     """
     try:
         with open(_UNIX_SOCKETS, encoding="utf-8", errors="surrogateescape") as fh:
             lines = fh.read().splitlines()[1:]
     except OSError:
         return []
-    hidden = ("/tmp", *_RUN_DIRS)
+    shown, covered = [Path(os.path.realpath(p)) for p in shown], list(covered)
+    covered += [Path(os.path.realpath(p)) for p in covered]
     out: set[str] = set()
     for line in lines:
         fields = line.split(None, 7)
         if len(fields) < 8 or not fields[7].startswith("/"):
             continue  # unbound, or abstract (@name: only a shared network namespace)
-        path = fields[7]
-        if any(_under(Path(path), top) for top in hidden) and not any(
-                _under(Path(path), str(e)) for e in expose):
+        real = Path(os.path.realpath(fields[7]))
+        if any(_under(real, str(c)) for c in covered) and not any(
+                _under(real, str(s)) for s in shown):
             continue
         with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.lstat(path).st_mode):
-                out.add(path)
+            if stat.S_ISSOCK(os.lstat(real).st_mode):
+                out.add(str(real))
     return sorted(out)
 
 
