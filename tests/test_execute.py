@@ -159,6 +159,16 @@ def test_fallback_profiles_get_one_attempt_each(project: Project) -> None:
     assert node.status is NodeStatus.SUCCEEDED
 
 
+def test_a_fallback_naming_the_primary_again_is_one_more_attempt(project: Project) -> None:
+    """A review: the allowance went by name, so the primary named again as a fallback got
+    its max_attempts a second time."""
+    topo = _topo("always_exit_2", a={"max_attempts": 2,
+                                     "fallback": ["nothing", "always_exit_2"]})
+    node = run_topology(project, topo).state.nodes["a"]
+    assert [a.profile for a in node.attempts] == ["always_exit_2", "always_exit_2", "nothing",
+                                                  "always_exit_2"]
+
+
 def test_no_fallback_forbids_it(project: Project) -> None:
     topo = _topo("always_exit_2", a={"fallback": ["write_all"]})
     node = run_topology(project, topo, no_fallback=True).state.nodes["a"]

@@ -69,8 +69,13 @@ class NodePolicy(BaseModel):
         return sum(self.allowance(i) for i in range(len(self.profiles)))
 
     def allowance(self, index: int) -> int:
-        """Charged attempts allowed on ``profiles[index]``."""
-        return self.max_attempts if self.profiles[index] == self.primary else 1
+        """Charged attempts allowed on ``profiles[index]``.
+
+        The primary's first place gets ``max_attempts``; a fallback that names the primary
+        again is one more attempt, like any fallback.
+        """
+        first = self.profiles.index(self.primary) if self.primary in self.profiles else -1
+        return self.max_attempts if index == first else 1
 
 
 class StopReason(StrEnum):
