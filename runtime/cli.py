@@ -8,6 +8,7 @@ traceback (set RUNTIME_DEBUG=1 to get one).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import logging
@@ -850,6 +851,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to tell it
+        with contextlib.suppress(OSError):  # and no second error when Python flushes
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except OSError as exc:  # the environment: a path the runtime was told to use
         if os.environ.get("RUNTIME_DEBUG"):
             raise
@@ -861,7 +866,9 @@ def _error(args: argparse.Namespace, message: str, code: int) -> int:
     """Report an error on stderr, and with ``--json`` as JSON on stdout too (for scripts)."""
     sys.stderr.write(f"error: {message}\n")
     if getattr(args, "json", False):
-        sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+        with contextlib.suppress(OSError):  # stdout itself may be what failed (a full disk)
+            sys.stdout.write(json.dumps({"error": message, "exit_code": code}) + "\n")
+            sys.stdout.flush()
     return code
 
 

@@ -119,6 +119,20 @@ def test_findings_output_must_be_a_file(project: Project, topo: Path, tmp_path: 
     assert sorted(p.name for p in tmp_path.parent.iterdir()) == before
 
 
+def test_a_full_stdout_is_one_error_line_not_a_traceback() -> None:
+    """A review: with --json the error was written to the stdout that had just failed,
+    which raised again (two tracebacks)."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "runtime", "schema", "--json"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, check=False,
+                              cwd=Path(__file__).resolve().parent.parent)
+    assert proc.returncode == 2
+    assert proc.stderr == "error: No space left on device\n"
+
+
 def test_with_json_an_error_is_json_on_stdout_too(
         project: Project, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """For a script reading --json output (before: an empty stdout)."""
