@@ -118,17 +118,20 @@ def run_batch(paths: Sequence[Path], options: BatchOptions, progress: Progress |
     overrides = _overrides(options.sets, planned)
     decisions = _preflight(planned, options) if options.preflight else {}
     with hold(batch_dir, f"batch {batch_id}"):
-        _check_same_batch(batch_dir, batch_id, topologies, planned, options.artifacts)
+        _check_same_batch(batch_dir, batch_id, planned, options.artifacts)
         return _run_locked(topologies, planned, overrides, decisions, batch_id, batch_dir,
                            options, progress, cancel, on_entry)
 
 
-def _check_same_batch(batch_dir: Path, batch_id: str, topologies: list[Path],
-                      planned: dict[str, CompiledPlan | BatchEntry], artifacts: Path) -> None:
-    """Resuming a batch takes the same topologies, compiling to the same plans.
+def _check_same_batch(batch_dir: Path, batch_id: str, planned: dict[str, CompiledPlan
+                      | BatchEntry], artifacts: Path) -> None:
+    """Resuming a batch takes every topology it ran, each compiling to the same plan.
 
     Otherwise the batch would be rewritten in silence: its summary would drop the runs
     not given again, or report an old run under a topology that now means another plan.
+    Topologies are matched by name (paths are as typed, relative to wherever the batch
+    was started); more topologies than before join the batch, as after a crash that
+    left some not yet started.
     """
     path = batch_dir / "summary.json"
     if not path.is_file():
@@ -137,12 +140,13 @@ def _check_same_batch(batch_dir: Path, batch_id: str, topologies: list[Path],
         old = BatchSummary.model_validate_json(path.read_bytes())
     except (OSError, ValueError) as exc:
         raise RecordError(path, f"cannot be read to resume the batch: {exc}") from None
-    had = sorted(os.path.realpath(e.source) for e in old.entries)
-    given = sorted(os.path.realpath(p) for p in topologies)
-    if had != given:
+    given = {p.manifest.topology.name for p in planned.values() if isinstance(p, CompiledPlan)}
+    missing = [f"{e.topology} ({e.source})" for e in old.entries
+               if e.topology is not None and e.topology not in given]
+    if missing:
         raise UsageError(
-            f"batch {batch_id} ran {', '.join(e.source for e in old.entries)}; this command "
-            f"gives {', '.join(map(str, topologies))}: give the same paths to resume it, or "
+            f"batch {batch_id} has runs of {', '.join(missing)} that this command does not "
+            "give (or that no longer compile): give the same topologies to resume it, or "
             "another --batch-id")
     changed = []
     for source, plan in planned.items():

@@ -528,9 +528,13 @@ def cmd_batch(args: argparse.Namespace) -> int:
                          f"{batch_dir / 'findings.sarif'}\n")
         sys.stdout.write(f"summary: {batch_dir / 'summary.json'}\nreport: {report}\n")
     if summary.status == "cancelled":
-        again = shlex.join(["runtime", "batch", *map(str, args.paths), "--batch-id",
-                            summary.batch_id, "--artifacts", str(args.artifacts)])
-        sys.stderr.write(f"interrupted; the batch is resumable: {again}\n")
+        # The same command (its --prompts and --var decide the plans, its other options
+        # the runs not started yet), from the same directory, with the batch's id.
+        again = ["runtime", *args.argv]
+        if args.batch_id is None:
+            again += ["--batch-id", summary.batch_id]
+        sys.stderr.write(f"interrupted; the batch is resumable: cd {shlex.quote(os.getcwd())} "
+                         f"&& {shlex.join(again)}\n")
     return _exit_for(summary.status)
 
 
@@ -838,6 +842,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed the usage error
         return EXIT_INVALID if exc.code else EXIT_OK
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # to print a resume command
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     handler: Handler = args.handler

@@ -74,7 +74,8 @@ def test_same_batch_id_resumes_and_keeps_finished_runs(batch_project: Project) -
     assert [e.status for e in second.entries] == [e.status for e in first.entries]
 
 
-@pytest.mark.parametrize("change", ["fewer topologies", "an edited topology"])
+@pytest.mark.parametrize("change", ["fewer topologies", "a topology that no longer compiles",
+                                    "an edited topology"])
 def test_a_batch_id_again_with_other_inputs_is_refused(batch_project: Project,
                                                        change: str) -> None:
     """Before: the batch was rewritten in silence (its summary lost the runs not given
@@ -86,7 +87,10 @@ def test_a_batch_id_again_with_other_inputs_is_refused(batch_project: Project,
     given = [topologies]
     if change == "fewer topologies":
         given = [topologies / "good.yaml"]
-        message = "give the same paths to resume it, or another --batch-id"
+        message = "has runs of bad ("
+    elif change == "a topology that no longer compiles":
+        (topologies / "good.yaml").write_text("schema_version: 1\nname: good\nnodes: 3\n")
+        message = "has runs of good ("
     else:
         good = yaml.safe_load((topologies / "good.yaml").read_text())
         good["nodes"][0]["max_attempts"] = 5
@@ -95,6 +99,22 @@ def test_a_batch_id_again_with_other_inputs_is_refused(batch_project: Project,
     with pytest.raises(UsageError, match=re.escape(message)):
         run_batch(given, _options(batch_project, batch_id="b3"))
     assert summary.read_bytes() == before
+
+
+def test_a_batch_cut_short_resumes_from_another_directory(
+        batch_project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review: a crash mid-batch leaves a summary of the finished entries only, and
+    paths are as typed: the same command was refused, and so was the same batch started
+    from another directory."""
+    monkeypatch.chdir(batch_project.root)
+    run_batch([Path("topologies")], _options(batch_project, batch_id="b4"))
+    summary = batch_project.artifacts / "batches" / "b4" / "summary.json"
+    cut = BatchSummary.model_validate_json(summary.read_bytes())
+    summary.write_text(cut.model_copy(update={"entries": cut.entries[:1]}).model_dump_json())
+    monkeypatch.chdir(batch_project.root.parent)
+    again = run_batch([batch_project.root / "topologies"], _options(batch_project,
+                                                                   batch_id="b4"))
+    assert len(again.entries) == len(cut.entries)
 
 
 def test_batch_cli_json_and_reports(batch_project: Project,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -241,9 +242,10 @@ def test_interrupt_cancels_cleanly_and_resume_finishes(tmp_path: Path, sig: int)
 
 @pytest.mark.slow
 def test_an_interrupted_batch_says_how_to_resume_it(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: exit 130 with no hint, and `runtime resume BATCH` said 'not a run
-    directory'."""
+    directory'. The printed command, run as printed, resumes the batch."""
     project = Project(tmp_path / "proj")
     project.root.mkdir()
     project.template("task.md.j2", "Task for {{ node.id }}.\n")
@@ -268,16 +270,19 @@ def test_an_interrupted_batch_says_how_to_resume_it(
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
-    assert (f"interrupted; the batch is resumable: runtime batch {project.topology} "
-            f"--batch-id b5 --artifacts {project.artifacts}") in err
+    printed = next(line for line in err.splitlines() if "the batch is resumable" in line)
+    assert printed == (f"interrupted; the batch is resumable: cd {project.root} && runtime "
+                       f"batch {project.topology} --batch-id b5 --no-progress --prompts "
+                       f"{project.prompts} --artifacts {project.artifacts}")
     from runtime.cli import main
 
     release.touch()
     assert main(project.cli("resume", "b5")) == 2
     assert "b5 is a batch, not a run: `runtime batch PATH... --batch-id b5`" in \
         capsys.readouterr().err
-    assert main(["batch", str(project.topology), "--batch-id", "b5", "--no-progress",
-                 "--prompts", str(project.prompts), "--artifacts", str(project.artifacts)]) == 0
+    where, command = printed.split("resumable: cd ", 1)[1].split(" && ", 1)
+    monkeypatch.chdir(where)
+    assert main(shlex.split(command)[1:]) == 0
 
 
 def test_resume_can_extend_the_deadline(tmp_path: Path) -> None:
