@@ -383,6 +383,7 @@ def test_host_sockets_lists_what_the_sandbox_would_still_show(
             f"0: 00000002 00000000 00010000 0001 01 9 {outside / 'link-in' / 'h.sock'}\n")
         monkeypatch.setattr(sandbox, "_UNIX_SOCKETS", str(table))
         found = sandbox.host_sockets([exposed])
+        assert sandbox.host_sockets([exposed]) == found  # every call, not only the first
     finally:
         for srv in servers:
             srv.close()

@@ -7,11 +7,11 @@ Inside the sandbox an agent sees (DESIGN section 10, issue 8):
   directory), with ``/mnt/workspace/inputs`` (upstream artifacts) read-only on top;
 - the attempt's ``prompt.md`` and ``attempt.json`` read-only under ``/mnt/attempt``;
 - a private ``/tmp`` and ``/var/tmp``, its own ``/proc`` and a minimal ``/dev``;
-- no host Unix socket: a read-only root does not stop ``connect()``, and a socket is a
-  door out of the sandbox (``docker.sock`` is root on the host). An empty ``/run``
-  (where daemons put theirs; files ``/etc`` links into it, such as ``resolv.conf``,
-  are bound back) and ``/dev/null`` over every other socket the host has bound to a path
-  (``/proc/net/unix``);
+- no host Unix socket that ``/proc/net/unix`` lists: a read-only root does not stop
+  ``connect()``, and a socket is a door out of the sandbox (``docker.sock`` is root on
+  the host). An empty ``/run`` (where daemons put theirs; files ``/etc`` links into it,
+  such as ``resolv.conf``, are bound back) and ``/dev/null`` over every other listed
+  socket at its real path (see ``host_sockets`` for what the list cannot show);
 - its own copy of each ``private`` path (a CLI's state directory starts empty, a state
   file as a copy), discarded when the attempt ends, so an agent that follows instructions
   planted in its target cannot leave a memory file, a setting or a hook for the next
@@ -117,8 +117,8 @@ class SandboxSpec:
     writable: tuple[str, ...] = ()
     private: tuple[str, ...] = ()
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
-    # Host directories under /tmp the agent needs read-only (its program, its PATH: a
-    # checkout or venv under /tmp), shown again over the private /tmp.
+    # Host directories under a private root the agent needs read-only (its program, its
+    # PATH: a checkout or venv under /tmp), shown again over the empty one.
     expose: tuple[Path, ...] = ()
 
 
@@ -310,7 +310,7 @@ def _etc_links_into_run() -> tuple[str, ...]:
 
 
 def host_sockets(shown: Iterable[Path] = (),
-                 covered: Iterable[Path] = map(Path, PRIVATE_ROOTS)) -> list[str]:
+                 covered: Iterable[Path] | None = None) -> list[str]:
     """Unix sockets bound to a path that an agent would still see, to cover with /dev/null.
 
     From ``/proc/net/unix`` (sockets bound in this network namespace), read for every
@@ -328,7 +328,8 @@ def host_sockets(shown: Iterable[Path] = (),
             lines = fh.read().splitlines()[1:]
     except OSError:
         return []
-    shown, covered = [Path(os.path.realpath(p)) for p in shown], list(covered)
+    shown = [Path(os.path.realpath(p)) for p in shown]
+    covered = [Path(p) for p in (PRIVATE_ROOTS if covered is None else covered)]
     covered += [Path(os.path.realpath(p)) for p in covered]
     out: set[str] = set()
     for line in lines:
