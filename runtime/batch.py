@@ -152,13 +152,18 @@ def _check_same_batch(batch_dir: Path, batch_id: str, planned: dict[str, Compile
     for source, plan in planned.items():
         if not isinstance(plan, CompiledPlan):
             continue
-        ledger = artifacts / "runs" / f"{batch_id}-{plan.manifest.topology.name}" / "ledger.jsonl"
+        ledger = artifacts / "runs" / run_id_of(batch_id, plan) / "ledger.jsonl"
         first = _first_plan_digest(ledger)
         if first is not None and first != plan.digest:
             changed.append(f"{source} (plan {first[:12]} -> {plan.digest[:12]})")
     if changed:
         raise UsageError(f"batch {batch_id}: {', '.join(changed)} changed since the batch ran "
                          "it; run the new version under another --batch-id")
+
+
+def run_id_of(batch_id: str, plan: CompiledPlan) -> str:
+    """The run id a batch gives a topology's run: one run per topology name."""
+    return f"{batch_id}-{plan.manifest.topology.name}"
 
 
 def _first_plan_digest(ledger: Path) -> str | None:
@@ -236,7 +241,7 @@ def _run_one(path: Path, plan: CompiledPlan | BatchEntry, overrides: dict[str, N
         return plan
     manifest = plan.manifest
     name = manifest.topology.name
-    run_id = f"{batch_id}-{name}"
+    run_id = run_id_of(batch_id, plan)
     run_dir = options.artifacts / "runs" / run_id
     progress.started(str(path), name, len(manifest.nodes))
     hooks = Hooks(cancel=cancel, after_append=lambda ev: progress.event(str(path), ev),
