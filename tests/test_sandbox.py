@@ -329,6 +329,57 @@ def test_a_program_on_path_under_run_is_shown_again(
     assert result.status is RunStatus.SUCCEEDED, result.state.nodes["a"].attempts
 
 
+@pytest.mark.parametrize("via", ["/run", "/var/run"])
+def test_a_path_entry_under_run_works_however_it_is_named(
+        project: Project, monkeypatch: pytest.MonkeyPatch, via: str) -> None:
+    """A review: a PATH entry named through the /var/run link made bwrap fail to create
+    its mount point, for every sandboxed agent, even one whose program lives elsewhere."""
+    if via == "/var/run" and os.path.realpath("/var/run") != "/run":
+        pytest.fail("this host's /var/run is not a link to /run")
+    bindir = Path(tempfile.mkdtemp(prefix="rt-bin-", dir="/run"))
+    try:
+        monkeypatch.setenv("PATH", f"{via}/{bindir.name}:{os.environ['PATH']}")
+        result = run_topology(project, _topo(["sh", "-c", "printf {} > a.json"]))
+    finally:
+        shutil.rmtree(bindir)
+    assert result.status is RunStatus.SUCCEEDED, result.state.nodes["a"].attempts
+
+
+def test_a_private_root_that_is_a_link_is_emptied_where_it_leads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review: a /var/tmp linked elsewhere got no tmpfs (links were skipped), so the
+    directory it leads to stayed in sight, its sockets uncovered."""
+    target = Path(tempfile.mkdtemp(prefix="rt-vartmp-", dir=Path.home()))
+    try:
+        link = tmp_path / "var-tmp"
+        link.symlink_to(target)
+        monkeypatch.setattr(sandbox, "PRIVATE_ROOTS", ("/tmp", str(link), "/run"))
+        argv = sandbox.bwrap_argv("bwrap", sandbox.SandboxSpec(workspace=tmp_path), ["a"])
+    finally:
+        target.rmdir()
+    assert ["--tmpfs", str(target)] == argv[argv.index(str(target)) - 1:][:2]
+
+
+def test_a_private_file_linked_into_a_private_directory_is_kept(
+        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A review: mounts went by the link's depth, so the private directory's tmpfs could
+    land over the copy of a file linked into it, depending on list order."""
+    home = Path(tempfile.mkdtemp(prefix="sandbox-home-", dir=Path.home()))
+    try:
+        (home / ".claude").mkdir()
+        (home / ".claude" / "real.json").write_text('{"n": 2}')
+        (home / ".claude2.json").symlink_to(home / ".claude" / "real.json")
+        monkeypatch.setenv("HOME", str(home))
+        result = run_topology(project, _topo(
+            ["sh", "-c", 'cat "$HOME/.claude2.json" > seen.txt; printf {} > a.json'],
+            sandbox={"private": ["~/.claude2.json", "~/.claude/"]}))
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert result.status is RunStatus.SUCCEEDED, result.state.nodes["a"].attempts
+    seen = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace" / "seen.txt"
+    assert seen.read_text() == '{"n": 2}'
+
+
 def test_a_private_file_kept_as_a_link_is_copied(project: Project,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Dotfile managers keep ~/.claude.json as a link (a review: every attempt failed
@@ -382,14 +433,18 @@ def test_host_sockets_lists_what_the_sandbox_would_still_show(
             f"0: 00000002 00000000 00010000 0001 01 8 {outside / 'link-out' / 'd.sock'}\n"
             f"0: 00000002 00000000 00010000 0001 01 9 {outside / 'link-in' / 'h.sock'}\n")
         monkeypatch.setattr(sandbox, "_UNIX_SOCKETS", str(table))
-        found = sandbox.host_sockets([exposed])
-        assert sandbox.host_sockets([exposed]) == found  # every call, not only the first
+        # A directory shown again through a link: the cover goes where the agent looks.
+        (tmp_path / "via-link").symlink_to(hidden)
+        shown = [(exposed, exposed), (tmp_path / "via-link", tmp_path / "via-link")]
+        found = sandbox.host_sockets(shown)
+        assert sandbox.host_sockets(shown) == found  # every call, not only the first
     finally:
         for srv in servers:
             srv.close()
         shutil.rmtree(outside, ignore_errors=True)
-    # tmp_path is under /tmp: private in the sandbox unless exposed again.
-    assert found == sorted([str(outside / "d.sock"), str(exposed / "e.sock")])
+    # tmp_path is under /tmp: private in the sandbox unless shown again.
+    assert found == sorted([str(outside / "d.sock"), str(exposed / "e.sock"),
+                            str(tmp_path / "via-link" / "h.sock")])
 
 
 # --- bubblewrap missing ------------------------------------------------------------
@@ -560,8 +615,9 @@ def test_no_descendant_survives_the_attempt(project: Project, sandboxed: bool,
     assert _alive_with(token) == []
 
 
+@pytest.mark.parametrize("gap", ["0.0005", "0.015"])
 def test_a_descendant_that_forks_and_exits_in_a_loop_does_not_survive(
-        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+        project: Project, monkeypatch: pytest.MonkeyPatch, gap: str) -> None:
     """Unsandboxed (a sandbox's PID namespace ends such a chain by itself). The process
     table is read as slowly as on a loaded machine, where a red-team pass saw the chain
     keep ahead of every kill by pid for 6 s and outlive the run."""
@@ -574,7 +630,7 @@ def test_a_descendant_that_forks_and_exits_in_a_loop_does_not_survive(
 
     monkeypatch.setattr(procs, "table", slow_table)
     token = f"hostile-{secrets.token_hex(8)}"
-    argv = ["sh", str(HOSTILE / "fork_chain.sh"), token, "20"]
+    argv = ["sh", str(HOSTILE / "fork_chain.sh"), token, "20", gap]
     try:
         result = run_topology(project, _topo(argv, sandboxed=False))
         assert result.status is RunStatus.SUCCEEDED

@@ -118,33 +118,53 @@ class SandboxSpec:
     private: tuple[str, ...] = ()
     home: str = field(default_factory=lambda: os.path.expanduser("~"))
     # Host directories under a private root the agent needs read-only (its program, its
-    # PATH: a checkout or venv under /tmp), shown again over the empty one.
-    expose: tuple[Path, ...] = ()
+    # PATH: a checkout or venv under /tmp), shown again over the empty one: (the path
+    # in the sandbox, the host path it shows; they differ where a link is involved).
+    expose: tuple[tuple[Path, Path], ...] = ()
 
 
 # Host directories the sandbox replaces with its own empty ones: the world-writable ones
 # (anyone on the host could put a socket there, or swap one as an attempt starts) and
-# /run, where daemons keep theirs.
+# /run, where daemons keep theirs. By real path: /var/run is usually a link to /run, and a
+# /var/tmp that links elsewhere must not leave that elsewhere in sight.
 PRIVATE_ROOTS = ("/tmp", "/var/tmp", "/run", "/var/run")
+_RUN_ROOTS = ("/run", "/var/run")  # where only the exact PATH directory is shown again
 
 
-def tmp_roots(paths: Iterable[str]) -> tuple[Path, ...]:
-    """The top-level directories under a private root that hold any of ``paths``.
+def private_roots() -> list[Path]:
+    """The real directories behind ``PRIVATE_ROOTS``, none inside another."""
+    reals: list[Path] = []
+    for root in PRIVATE_ROOTS:
+        real = Path(os.path.realpath(root))
+        if real.is_dir() and real != Path("/") and real not in reals:
+            reals.append(real)
+    return [r for r in reals if not any(o != r and _under(r, str(o)) for o in reals)]
 
-    ``/tmp/<name>``, ``/run/<name>``: shown again, read-only (a program's checkout or venv
-    under ``/tmp``; NixOS's ``/run/current-system`` on ``PATH``).
+
+def tmp_roots(paths: Iterable[str]) -> tuple[tuple[Path, Path], ...]:
+    """What to show again, read-only, of ``paths`` (the program, ``PATH``) under a private root.
+
+    ``(path in the sandbox, host path)`` pairs. Under ``/tmp`` and ``/var/tmp`` the
+    top-level directory (a checkout or a venv needs its ``lib`` beside its ``bin``);
+    under ``/run`` only the directory itself (NixOS's ``/run/current-system/sw/bin``;
+    ``/run/user/<uid>`` holds a user's sockets). The root is taken by its real path (in
+    the sandbox ``/var/run/x`` is reached through the link to ``/run``); the rest as
+    given, since ``PATH`` names it so (bubblewrap follows a link in the host path).
     """
-    out: list[Path] = []
+    out: list[tuple[Path, Path]] = []
     for raw in paths:
         if not raw:
             continue
         path = Path(os.path.abspath(raw))
         for root in PRIVATE_ROOTS:
-            depth = len(Path(root).parts)
-            if path.parts[:depth] == Path(root).parts and len(path.parts) > depth:
-                top = Path(root, path.parts[depth])
-                if top.is_dir() and top not in out:
-                    out.append(top)
+            if path == Path(root) or not _under(path, root):
+                continue
+            rel = path.relative_to(root)
+            kept = rel if root in _RUN_ROOTS else Path(rel.parts[0])
+            pair = (Path(os.path.realpath(root)) / kept, Path(root) / kept)
+            if pair[1].is_dir() and pair not in out:
+                out.append(pair)
+            break
     return tuple(out)
 
 
@@ -177,8 +197,9 @@ PRIVATE_FILE_MAX = 64 << 20  # a CLI's state file; a larger one is refused, not 
 def open_private_files(spec: SandboxSpec) -> dict[str, int] | str:
     """An open descriptor of each private file that exists, to copy into the sandbox.
 
-    Host path -> descriptor (bubblewrap's ``--bind-data`` reads it, so the copy lives in
-    the sandbox's memory and is gone when it ends; the caller closes them). A link is
+    Real path -> descriptor: the copy is mounted at the real path, where a link to it
+    leads (bubblewrap's ``--bind-data`` reads the descriptor, so the copy lives in the
+    sandbox's memory and is gone when it ends; the caller closes them). A link is
     followed (dotfile managers keep ``~/.claude.json`` as one): the runtime reads with
     the agent's own rights, so a link can show it nothing it could not read itself. Only a
     regular file is copied (a FIFO would block). Returns why a file cannot be copied
@@ -191,8 +212,9 @@ def open_private_files(spec: SandboxSpec) -> dict[str, int] | str:
         if path.endswith("/") or not os.path.exists(path):
             continue
         try:
-            fd = open_no_follow(os.path.realpath(path))
-            fds[path] = fd
+            real = os.path.realpath(path)  # once: the file read is the one mounted
+            fd = open_no_follow(real)
+            fds[real] = fd
             if os.fstat(fd).st_size > PRIVATE_FILE_MAX:
                 raise UnsafeFileError(f"larger than {PRIVATE_FILE_MAX} bytes")
         except OSError as exc:
@@ -226,28 +248,25 @@ def bwrap_argv(bwrap: str, spec: SandboxSpec, command: list[str],
 def _host_binds(spec: SandboxSpec, private_fds: Mapping[str, int]) -> list[str]:
     """What of the host is shown again, replaced by a private copy, made writable, or hidden.
 
-    Private and writable paths are mounted outermost first, so the inner one wins
-    whichever list it is in (a writable credentials file inside a private directory).
+    Private and writable paths are mounted outermost first (by the path mounted on), so
+    the inner one wins whichever list it is in (a writable credentials file inside a
+    private directory).
     """
     argv: list[str] = []
-    for exposed in spec.expose:
-        argv += ["--ro-bind", str(exposed), str(exposed)]
-    mounts = [(p, True) for p in expand_writable(spec.private, spec.home)] + \
-        [(p, False) for p in expand_writable(spec.writable, spec.home)]
-    for path, private in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
-        bare = path.rstrip("/")
-        if not private:
-            argv += ["--bind-try", bare, bare]
-        elif path.endswith("/"):
-            argv += ["--tmpfs", bare]
-        elif path in private_fds:  # at the link's target, when it is a link
-            argv += ["--bind-data", str(private_fds[path]), os.path.realpath(bare)]
-    shown = [*spec.expose, *(Path(p.rstrip("/")) for p in
-                              expand_writable(spec.writable, spec.home))]
-    covered = [*map(Path, PRIVATE_ROOTS), Path("/proc"), Path("/dev"), Path(MOUNTS),
-               *spec.hide,
-               *(Path(p.rstrip("/")) for p in expand_writable(spec.private, spec.home)
-                 if p.endswith("/"))]
+    for inside, host in spec.expose:
+        argv += ["--ro-bind", str(host), str(inside)]
+    writable = [p.rstrip("/") for p in expand_writable(spec.writable, spec.home)]
+    private_dirs = [p.rstrip("/") for p in expand_writable(spec.private, spec.home)
+                    if p.endswith("/")]
+    mounts = [(p, ["--bind-try", p, p]) for p in writable] + \
+        [(p, ["--tmpfs", p]) for p in private_dirs] + \
+        [(real, ["--bind-data", str(fd), real]) for real, fd in private_fds.items()]
+    for _, args in sorted(mounts, key=lambda m: len(Path(m[0]).parts)):
+        argv += args
+    # Where the host's own directories are seen again: mount point -> what it shows.
+    shown = [*spec.expose, *((Path(p), Path(p)) for p in writable)]
+    covered = [*private_roots(), Path("/proc"), Path("/dev"), Path(MOUNTS), *spec.hide,
+               *map(Path, private_dirs)]
     for door in host_sockets(shown, covered):
         argv += ["--ro-bind", "/dev/null", door]
     for hidden in spec.hide:
@@ -255,7 +274,7 @@ def _host_binds(spec: SandboxSpec, private_fds: Mapping[str, int]) -> list[str]:
         # elsewhere an empty read-only tmpfs covers it (after the writable binds, so a
         # writable path cannot expose it).
         if not any(_under(hidden, r) for r in PRIVATE_ROOTS) or any(
-                _under(hidden, str(e)) for e in spec.expose):
+                _under(hidden, str(inside)) for inside, _ in spec.expose):
             argv += ["--tmpfs", str(hidden), "--remount-ro", str(hidden)]
     return argv
 
@@ -273,19 +292,18 @@ def _attempt_binds(spec: SandboxSpec) -> list[str]:
     return argv
 
 
-_RUN_DIRS = ("/run", "/var/run")  # where daemons bind their sockets (FHS)
 _UNIX_SOCKETS = "/proc/net/unix"
 
 
 def _empty_roots() -> list[str]:
-    """An empty tmpfs over each private root that is a directory, not a link to another.
+    """An empty tmpfs over each private root's real directory.
 
-    The files ``/etc`` links into ``/run`` are shown again.
+    The files ``/etc`` links into them or into ``/mnt`` (``resolv.conf`` under
+    systemd-resolved, or WSL) are shown again.
     """
     argv: list[str] = []
-    for root in PRIVATE_ROOTS:
-        if os.path.isdir(root) and not os.path.islink(root):
-            argv += ["--tmpfs", root]
+    for root in private_roots():
+        argv += ["--tmpfs", str(root)]
     for kept in _etc_links_into_run():
         argv += ["--ro-bind", kept, kept]
     return argv
@@ -304,20 +322,22 @@ def _etc_links_into_run() -> tuple[str, ...]:
             if not entry.is_symlink():
                 continue
             real = os.path.realpath(entry.path)
-            if any(_under(Path(real), run) for run in _RUN_DIRS) and os.path.isfile(real):
+            hidden = (*map(str, private_roots()), str(MOUNTS))
+            if any(_under(Path(real), h) for h in hidden) and os.path.isfile(real):
                 out.append(real)
     return tuple(sorted(out))
 
 
-def host_sockets(shown: Iterable[Path] = (),
+def host_sockets(shown: Iterable[tuple[Path, Path]] = (),
                  covered: Iterable[Path] | None = None) -> list[str]:
-    """Unix sockets bound to a path that an agent would still see, to cover with /dev/null.
+    """Where an agent would still see a host Unix socket: each place to cover with /dev/null.
 
     From ``/proc/net/unix`` (sockets bound in this network namespace), read for every
-    attempt since daemons come and go, each by its real path (a path through a link would
-    be no mount point in the sandbox). One under a ``covered`` directory is out of sight
-    already, unless under one ``shown`` again; a path that is not a socket here (bound in
-    another mount namespace) is left alone.
+    attempt since daemons come and go. A socket is seen at its real path unless a
+    ``covered`` directory holds it (a path through a link would be no mount point in the
+    sandbox), and again under every ``shown`` mount point (the sandbox's path, the host
+    directory it shows) whose directory holds it; a path that is not a socket here (bound
+    in another mount namespace) is left alone.
 
     Not found this way: a socket bound in another network namespace (a container's), one
     renamed after it was bound, one bound with a relative path. Outside the private roots
@@ -328,21 +348,25 @@ def host_sockets(shown: Iterable[Path] = (),
             lines = fh.read().splitlines()[1:]
     except OSError:
         return []
-    shown = [Path(os.path.realpath(p)) for p in shown]
-    covered = [Path(p) for p in (PRIVATE_ROOTS if covered is None else covered)]
-    covered += [Path(os.path.realpath(p)) for p in covered]
+    views = [(mount, Path(os.path.realpath(source))) for mount, source in shown]
+    hidden = [Path(os.path.realpath(p)) for p in
+              (private_roots() if covered is None else covered)]
     out: set[str] = set()
     for line in lines:
         fields = line.split(None, 7)
         if len(fields) < 8 or not fields[7].startswith("/"):
             continue  # unbound, or abstract (@name: only a shared network namespace)
         real = Path(os.path.realpath(fields[7]))
-        if any(_under(real, str(c)) for c in covered) and not any(
-                _under(real, str(s)) for s in shown):
+        try:
+            if not stat.S_ISSOCK(os.lstat(real).st_mode):
+                continue
+        except OSError:
             continue
-        with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.lstat(real).st_mode):
-                out.add(str(real))
+        if not any(_under(real, str(h)) for h in hidden):
+            out.add(str(real))
+        for mount, source in views:
+            if _under(real, str(source)):
+                out.add(str(mount / real.relative_to(source)))
     return sorted(out)
 
 
