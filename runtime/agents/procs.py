@@ -192,21 +192,24 @@ def kill_descendants(leader: int, leader_start: int, *, scan_all: bool = False) 
 
 def _doomed_groups(doomed: list[Proc], spared: set[int],
                    everything: list[Proc] | None) -> list[int]:
-    """The process groups of ``doomed`` that hold no live process outside it.
+    """The process groups of ``doomed`` that hold nothing but the attempt's leftovers.
 
-    A group may also hold a process that is not this attempt's to kill (another
-    attempt's worker that called ``setsid``, whose orphaned grandchild this attempt
-    adopted): such a group is left to the kills by pid. ``everything``: the whole process
-    table when the caller has it; otherwise it is read here (only when there is a group
-    to decide on, which takes an agent that detaches).
+    A member is a leftover when it is doomed, or its parent is (it was forked since the
+    scan: a fork chain's newest link), or the runtime adopted it. A group may also hold a
+    process that is someone else's child (another attempt's worker that called
+    ``setsid``, whose orphaned grandchild this attempt adopted): such a group is left to
+    the kills by pid. ``everything``: the whole process table when the caller has it;
+    otherwise it is read here (only when there is a group to decide on, which takes an
+    agent that detaches).
     """
     groups = {p.pgid for p in doomed} - spared
     if not groups:
         return []
-    pids = {p.pid for p in doomed}
-    others = {p.pgid for p in (everything if everything is not None else table(None))
-              if p.pgid in groups and p.pid not in pids and p.state != "Z"}
-    return sorted(groups - others)
+    ours = {p.pid for p in doomed} | {os.getpid()}
+    foreign = {p.pgid for p in (everything if everything is not None else table(None))
+               if p.pgid in groups and p.state != "Z" and p.pid not in ours
+               and p.ppid not in ours}
+    return sorted(groups - foreign)
 
 
 def _has_children() -> bool:
