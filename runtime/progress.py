@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 from typing import TextIO
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
@@ -94,9 +95,12 @@ def summary_table(summary: BatchSummary) -> Table:
     to an ellipsis, the node counts share one column, and the prose columns wrap (a node
     id folds rather than losing its end).
     """
-    table = Table(title=f"batch {summary.batch_id}: {summary.status}")
+    table = Table(title=f"batch {summary.batch_id}: {summary.status}", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
     longest = max((len(e.topology or e.source) for e in summary.entries), default=8)
-    table.add_column("topology", no_wrap=True, min_width=min(longest, 40))
+    # A long name (an invalid entry shows its source path) folds instead of squeezing
+    # every other column away.
+    table.add_column("topology", overflow="fold", min_width=min(longest, 16))
     table.add_column("status", no_wrap=True, min_width=len("cancelled"))
     table.add_column("nodes", overflow="fold")
     table.add_column("attempts", justify="right", overflow="fold")
