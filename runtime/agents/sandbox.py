@@ -131,14 +131,28 @@ PRIVATE_ROOTS = ("/tmp", "/var/tmp", "/run", "/var/run")
 _RUN_ROOTS = ("/run", "/var/run")  # where only the exact PATH directory is shown again
 
 
-def private_roots() -> list[Path]:
-    """The real directories behind ``PRIVATE_ROOTS``, none inside another."""
+@functools.lru_cache(maxsize=1)
+def _private_roots(roots: tuple[str, ...]) -> tuple[Path, ...]:
     reals: list[Path] = []
-    for root in PRIVATE_ROOTS:
+    for root in roots:
         real = Path(os.path.realpath(root))
         if real.is_dir() and real != Path("/") and real not in reals:
             reals.append(real)
-    return [r for r in reals if not any(o != r and _under(r, str(o)) for o in reals)]
+    return tuple(r for r in reals if not any(o != r and _under(r, o) for o in reals))
+
+
+@functools.lru_cache(maxsize=16)
+def _real(root: str) -> Path:
+    """A private root's real path, resolved once per process."""
+    return Path(os.path.realpath(root))
+
+
+def private_roots() -> list[Path]:
+    """The real directories behind ``PRIVATE_ROOTS``, none inside another.
+
+    Resolved once per process (every attempt needs them; a host does not move /tmp).
+    """
+    return list(_private_roots(PRIVATE_ROOTS))
 
 
 def tmp_roots(paths: Iterable[str]) -> tuple[tuple[Path, Path], ...]:
@@ -155,14 +169,14 @@ def tmp_roots(paths: Iterable[str]) -> tuple[tuple[Path, Path], ...]:
     for raw in paths:
         if not raw:
             continue
-        path = Path(os.path.abspath(raw))
+        path = os.path.abspath(raw)
         for root in PRIVATE_ROOTS:
-            if path == Path(root) or not _under(path, root):
+            if path == root or not _under(path, root):
                 continue
-            rel = path.relative_to(root)
-            kept = rel if root in _RUN_ROOTS else Path(rel.parts[0])
-            pair = (Path(os.path.realpath(root)) / kept, Path(root) / kept)
-            if pair[1].is_dir() and pair not in out:
+            rel = path[len(root) + 1:]
+            kept = rel if root in _RUN_ROOTS else rel.split("/", 1)[0]
+            pair = (_real(root) / kept, Path(root, kept))
+            if pair not in out and pair[1].is_dir():
                 out.append(pair)
             break
     return tuple(out)
@@ -265,8 +279,9 @@ def _host_binds(spec: SandboxSpec, private_fds: Mapping[str, int]) -> list[str]:
         argv += args
     # Where the host's own directories are seen again: mount point -> what it shows.
     shown = [*spec.expose, *((Path(p), Path(p)) for p in writable)]
-    covered = [*private_roots(), Path("/proc"), Path("/dev"), Path(MOUNTS), *spec.hide,
-               *map(Path, private_dirs)]
+    covered = [*private_roots(), Path("/proc"), Path("/dev"), Path(MOUNTS),
+               *(Path(os.path.realpath(h)) for h in spec.hide),
+               *(Path(os.path.realpath(d)) for d in private_dirs)]
     for door in host_sockets(shown, covered):
         argv += ["--ro-bind", "/dev/null", door]
     for hidden in spec.hide:
@@ -334,8 +349,8 @@ def host_sockets(shown: Iterable[tuple[Path, Path]] = (),
 
     From ``/proc/net/unix`` (sockets bound in this network namespace), read for every
     attempt since daemons come and go. A socket is seen at its real path unless a
-    ``covered`` directory holds it (a path through a link would be no mount point in the
-    sandbox), and again under every ``shown`` mount point (the sandbox's path, the host
+    ``covered`` directory (a real path) holds it (a path through a link would be no mount
+    point in the sandbox), and again under every ``shown`` mount point (the sandbox's path, the host
     directory it shows) whose directory holds it; a path that is not a socket here (bound
     in another mount namespace) is left alone.
 
@@ -349,8 +364,7 @@ def host_sockets(shown: Iterable[tuple[Path, Path]] = (),
     except OSError:
         return []
     views = [(mount, Path(os.path.realpath(source))) for mount, source in shown]
-    hidden = [Path(os.path.realpath(p)) for p in
-              (private_roots() if covered is None else covered)]
+    hidden = private_roots() if covered is None else list(covered)
     out: set[str] = set()
     for line in lines:
         fields = line.split(None, 7)
@@ -401,5 +415,11 @@ def _host_root() -> list[str]:
     return out
 
 
-def _under(path: Path, top: str) -> bool:
-    return path == Path(top) or Path(top) in path.parents
+def _under(path: Path | str, top: Path | str) -> bool:
+    """Whether absolute, normalised ``path`` is ``top`` or inside it.
+
+    On strings: every attempt asks this of each PATH entry, socket and root, and
+    pathlib's ``parents`` costs tens of microseconds a call.
+    """
+    p, t = os.fspath(path), os.fspath(top).rstrip("/") or "/"
+    return p == t or p.startswith(t if t == "/" else t + "/")
