@@ -78,6 +78,19 @@ def test_manifest_resolves_defaults_and_carries_constants(project: Project) -> N
     assert "simulated" in m.agents
 
 
+def test_a_profiles_timeout_is_its_nodes_default(project: Project) -> None:
+    """A new user's trial: a profile's timeout_s ("default per-attempt timeout for nodes
+    on this profile") was ignored; its http nodes ran on the 1800 s default."""
+    topo = make_topology({"own": [], "by-profile": [], "by-default": []},
+                         own={"timeout_s": 5, "agent": "quick"},
+                         by_profile={"agent": "quick"})
+    topo["agents"]["quick"] = {"kind": "simulated", "timeout_s": 8}
+    topo["defaults"]["timeout_s"] = 60
+    nodes = plan_topology(project.write_topology(topo), project.prompts).manifest.nodes
+    assert {n: nodes[n].timeout_s for n in nodes} == {"own": 5, "by-profile": 8,
+                                                      "by-default": 60}
+
+
 def test_var_override_changes_prompts(project: Project) -> None:
     project.template("task.md.j2", "target={{ vars.target }}\n")
     topo = make_topology({"a": []})

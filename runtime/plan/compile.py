@@ -60,8 +60,13 @@ def compile_plan(topo: Topology, renderer: Renderer) -> CompiledPlan:
         digest = blake3_hex(data)
         prompts[digest] = data
         entry = {key: defaults[key] if raw[key] is None else raw[key] for key in _INHERITED}
+        agent = raw["agent"] or defaults["agent"]
+        if raw["timeout_s"] is None:  # the node's own, else its profile's, else the default
+            profile = topo.agents.get(agent) or BUILTIN_PROFILES.get(agent)
+            if profile is not None and profile.timeout_s is not None:
+                entry["timeout_s"] = profile.timeout_s
         entry.update(prompt_digest=digest, template=raw["prompt"], needs=raw["needs"],
-                     agent=raw["agent"] or defaults["agent"], fallback=raw["fallback"],
+                     agent=agent, fallback=raw["fallback"],
                      objective=raw["objective"], acceptance=raw["acceptance"],
                      artifacts=raw["artifacts"])
         nodes[node.id] = entry
