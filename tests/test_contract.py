@@ -35,6 +35,19 @@ CASES: list[tuple[str, dict[str, Any], Callable[[Path], object], str | None]] = 
      "out.json: does not match its schema at (root): 'findings' is a required property"),
     ("symlink escape", {}, lambda ws: os.symlink("/etc/hostname", ws / "out.json"),
      "out.json: resolves outside the workspace (symlink escape); refused"),
+    # A new user's trial: NaN passed, and the merged findings.sarif was no JSON at all;
+    # 100k levels of nesting crashed the attempt (a launch_error with a traceback).
+    ("NaN", {}, lambda ws: (ws / "out.json").write_text('{"rank": NaN}'),
+     "out.json: invalid JSON: NaN is not a JSON value"),
+    ("Infinity in sarif", {"kind": "sarif"},
+     lambda ws: (ws / "out.json").write_text('{"version": "2.1.0", "runs": [], "x": -Infinity}'),
+     "out.json: invalid JSON: -Infinity is not a JSON value"),
+    ("deep nesting", {}, lambda ws: (ws / "out.json").write_text('{"a":' * 100_000 + "1"
+                                                                 + "}" * 100_000),
+     "out.json: nested too deeply to check"),
+    ("deep nesting in sarif", {"kind": "sarif"},
+     lambda ws: (ws / "out.json").write_text('{"a":' * 100_000 + "1" + "}" * 100_000),
+     "out.json: nested too deeply to check"),
 ]
 
 

@@ -65,22 +65,33 @@ def check_artifact(workspace: Path, spec: ArtifactSpec) -> str | None:
     size = os.path.getsize(real)
     if size > spec.max_bytes:
         return f"{spec.path}: {size} bytes, over the limit of {spec.max_bytes}"
-    if spec.kind == "json":
-        return _check_json(real, spec)
-    if spec.kind == "sarif":
-        return _check_sarif(real, spec)
+    try:
+        if spec.kind == "json":
+            return _check_json(real, spec)
+        if spec.kind == "sarif":
+            return _check_sarif(real, spec)
+    except RecursionError:  # the decoder or a schema walk: an agent's nesting, not a bug
+        return f"{spec.path}: nested too deeply to check (thousands of levels)"
     return None
+
+
+def _not_json(name: str) -> float:
+    # NaN and Infinity are Python's extension, not JSON: a reader such as a SARIF upload
+    # (JSON.parse) refuses the merged file for everyone.
+    raise ValueError(f"{name} is not a JSON value")
 
 
 def _load_json(path: str, spec: ArtifactSpec) -> tuple[Any, str | None]:
     try:
         with open(path, "rb") as fh:
-            return json.loads(fh.read().decode("utf-8")), None
+            return json.loads(fh.read().decode("utf-8"), parse_constant=_not_json), None
     except UnicodeDecodeError:
         return None, f"{spec.path}: not UTF-8 JSON"
     except json.JSONDecodeError as exc:
         return None, (f"{spec.path}: invalid JSON at line {exc.lineno} column {exc.colno}: "
                       f"{exc.msg}")
+    except ValueError as exc:
+        return None, f"{spec.path}: invalid JSON: {exc}"
 
 
 def _check_sarif(path: str, spec: ArtifactSpec) -> str | None:
