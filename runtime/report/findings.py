@@ -219,7 +219,11 @@ def run_findings(run_dir: Path, loaded: tuple[Manifest, RunState] | None = None)
                 out.problems.append(f"{state.run_id}/{nid}: {problem}")
             elif log is not None and source is not None:
                 inputs += [(run, source) for run in log.get("runs", [])]
-        node_run, findings = _node_run(manifest.topology.name, nid, inputs, notes)
+        if notes:
+            # Left out whole: code scanning reads a node's run as its latest analysis of
+            # that category, and an empty or partial one would close its open alerts.
+            continue
+        node_run, findings = _node_run(manifest.topology.name, nid, inputs)
         out.runs.append(node_run)
         out.findings += findings
     return out
@@ -277,7 +281,7 @@ def _read_artifact(run_dir: Path, manifest: Manifest, run: tuple[str, str], nid:
 # -- merging ------------------------------------------------------------------------
 
 def _node_run(topology: str, nid: str, inputs: list[tuple[dict[str, Any], Source]],
-              notes: list[str]) -> tuple[dict[str, Any], list[Finding]]:
+              ) -> tuple[dict[str, Any], list[Finding]]:
     """Merge a node's input SARIF runs into one output run.
 
     The input runs' rules and artifacts concatenated (equal entries shared, indexes
@@ -312,9 +316,6 @@ def _node_run(topology: str, nid: str, inputs: list[tuple[dict[str, Any], Source
     }
     if artifacts:
         out["artifacts"] = artifacts
-    if notes:
-        out["invocations"] = [{"executionSuccessful": False, "toolExecutionNotifications": [
-            {"level": "error", "message": {"text": note}} for note in notes]}]
     return out, findings
 
 
