@@ -231,6 +231,33 @@ def test_fingerprint_ignores_wording_but_not_location() -> None:
     assert fp(base) == fp(reworded) != fp(moved)
 
 
+def test_run_level_data_survives_the_merge() -> None:
+    """A new user's trial: tool extensions (where CodeQL keeps its rules),
+    originalUriBaseIds and versionControlProvenance were dropped, leaving results that
+    pointed at nothing, and an extension rule's default level was lost."""
+    def run(rule: str, base: str) -> dict[str, Any]:
+        return {"tool": {"driver": {"name": "codeql"}, "extensions": [
+                    {"name": f"pack-{rule}", "rules": [
+                        {"id": rule, "defaultConfiguration": {"level": "note"}}]}]},
+                "originalUriBaseIds": {"SRC": {"uri": f"file:///{base}/"}},
+                "versionControlProvenance": [{"repositoryUri": "https://example.com/r"}],
+                "artifacts": [{"location": {"uri": f"{rule}.py", "uriBaseId": "SRC"}}],
+                "results": [{"message": {"text": rule}, "rule": {
+                    "id": rule, "index": 0, "toolComponent": {"index": 0}},
+                    "locations": [{"physicalLocation": {"artifactLocation": {
+                        "index": 0}, "region": {"startLine": 3}}}]}]}
+
+    out, findings = _node_run("t", "n", [(run("A", "one"), _source()),
+                                         (run("B", "two"), _source())])
+    _assert_official_sarif({"version": "2.1.0", "runs": [out]})
+    assert [e["name"] for e in out["tool"]["extensions"]] == ["pack-A", "pack-B"]
+    assert [r["rule"]["toolComponent"]["index"] for r in out["results"]] == [0, 1]
+    assert out["originalUriBaseIds"] == {"SRC": {"uri": "file:///one/"}}  # first wins
+    assert out["versionControlProvenance"] == [{"repositoryUri": "https://example.com/r"}]
+    assert [f.level for f in findings] == ["note", "note"]  # the extension rule's default
+    assert [f.location for f in findings] == ["A.py:3", "B.py:3"]  # by artifact index
+
+
 def test_two_input_runs_merge_into_one_run_with_indexes_remapped() -> None:
     def run(rule: str, uri: str) -> dict[str, Any]:
         return {"tool": {"driver": {"name": "scanner", "rules": [

@@ -285,11 +285,17 @@ def _node_run(topology: str, nid: str, inputs: list[tuple[dict[str, Any], Source
     """Merge a node's input SARIF runs into one output run.
 
     The input runs' rules and artifacts concatenated (equal entries shared, indexes
-    remapped), every result with provenance and fingerprint.
+    remapped), their tool extensions concatenated (a result's ``toolComponent`` index
+    shifted to match; CodeQL keeps its rules there), their ``originalUriBaseIds`` (the
+    first meaning of a name wins) and ``versionControlProvenance`` kept, every result with
+    provenance and fingerprint.
     """
     driver: dict[str, Any] = {}
     rules: list[Any] = []
     artifacts: list[Any] = []
+    extensions: list[Any] = []
+    bases: dict[str, Any] = {}
+    provenance: list[Any] = []
     results: list[dict[str, Any]] = []
     tools: list[str] = []
     for run, source in inputs:
@@ -299,14 +305,19 @@ def _node_run(topology: str, nid: str, inputs: list[tuple[dict[str, Any], Source
             driver = {k: copy.deepcopy(v) for k, v in in_driver.items() if k != "rules"}
         rule_map = _share(rules, in_driver.get("rules", []))
         art_map = _share(artifacts, run.get("artifacts", []))
+        shift = len(extensions)
+        extensions += copy.deepcopy(run.get("tool", {}).get("extensions", []))
+        for name, base in (run.get("originalUriBaseIds") or {}).items():
+            bases.setdefault(name, copy.deepcopy(base))
+        _share(provenance, run.get("versionControlProvenance", []))
         for res in run.get("results", []):
             results.append(_result(res, rule_map, art_map, in_driver.get("rules", []),
-                                   source))
+                                   source, shift))
     fingerprints = _fingerprints(topology, nid, results)
     findings = []
     for res, fp in zip(results, fingerprints, strict=True):
         res.setdefault("partialFingerprints", {})[FINGERPRINT_KEY] = fp
-        findings.append(_flatten(res, rules, fp))
+        findings.append(_flatten(res, rules, fp, extensions, artifacts))
     out: dict[str, Any] = {
         "tool": {"driver": {**(driver or DRIVER), **({"rules": rules} if rules else {})}},
         "automationDetails": {"id": f"{topology}/{nid}/"},  # category: see the docstring
@@ -314,8 +325,14 @@ def _node_run(topology: str, nid: str, inputs: list[tuple[dict[str, Any], Source
         "properties": {PROVENANCE_KEY: {"topology": topology, "node": nid,
                                         "tools": sorted(set(tools))}},
     }
+    if extensions:
+        out["tool"]["extensions"] = extensions
     if artifacts:
         out["artifacts"] = artifacts
+    if bases:
+        out["originalUriBaseIds"] = bases
+    if provenance:
+        out["versionControlProvenance"] = provenance
     return out, findings
 
 
@@ -334,8 +351,9 @@ def _share(pool: list[Any], items: list[Any]) -> list[int]:
     return mapping
 
 
-def _result(res: dict[str, Any], rule_map: list[int], art_map: list[int],
-            in_rules: list[Any], source: Source) -> dict[str, Any]:
+# PLR0913: Private: one result, with the maps its run's indexes go through.
+def _result(res: dict[str, Any], rule_map: list[int], art_map: list[int],  # noqa: PLR0913
+            in_rules: list[Any], source: Source, shift: int = 0) -> dict[str, Any]:
     out = copy.deepcopy(res)
     index = out.get("ruleIndex")
     if isinstance(index, int) and 0 <= index < len(rule_map):
@@ -347,6 +365,9 @@ def _result(res: dict[str, Any], rule_map: list[int], art_map: list[int],
     if isinstance(rule_ref, dict) and isinstance(rule_ref.get("index"), int) \
             and 0 <= rule_ref["index"] < len(rule_map) and "toolComponent" not in rule_ref:
         rule_ref["index"] = rule_map[rule_ref["index"]]
+    component = rule_ref.get("toolComponent") if isinstance(rule_ref, dict) else None
+    if isinstance(component, dict) and isinstance(component.get("index"), int):
+        component["index"] += shift  # this run's extensions follow earlier runs' ones
     for loc in _artifact_locations(out):
         if isinstance(loc.get("index"), int) and 0 <= loc["index"] < len(art_map):
             loc["index"] = art_map[loc["index"]]
@@ -367,11 +388,22 @@ def _artifact_locations(value: Any) -> Iterator[dict[str, Any]]:
             yield from _artifact_locations(item)
 
 
-def _primary(res: dict[str, Any]) -> tuple[str, str, int | None]:
-    """(uri, anchor, start line) of a result's first physical location."""
+def _primary(res: dict[str, Any], artifacts: list[Any] | None = None,
+             ) -> tuple[str, str, int | None]:
+    """(uri, anchor, start line) of a result's first physical location.
+
+    A location given only by its index in the run's ``artifacts`` takes that artifact's
+    uri.
+    """
     locs = res.get("locations") or []
     phys = locs[0].get("physicalLocation", {}) if locs and isinstance(locs[0], dict) else {}
-    uri = str(phys.get("artifactLocation", {}).get("uri", ""))
+    where = phys.get("artifactLocation", {}) if isinstance(phys, dict) else {}
+    uri = str(where.get("uri", "")) if isinstance(where, dict) else ""
+    index = where.get("index") if isinstance(where, dict) else None
+    if not uri and isinstance(index, int) and 0 <= index < len(artifacts or []):
+        entry = (artifacts or [])[index]
+        if isinstance(entry, dict) and isinstance(entry.get("location"), dict):
+            uri = str(entry["location"].get("uri", ""))
     region = phys.get("region", {}) if isinstance(phys.get("region"), dict) else {}
     line = region.get("startLine") if isinstance(region.get("startLine"), int) else None
     snippet = region.get("snippet", {}).get("text") if isinstance(region.get("snippet"),
@@ -401,17 +433,33 @@ def _fingerprints(topology: str, nid: str, results: list[dict[str, Any]]) -> lis
     return out
 
 
-def _level(res: dict[str, Any], rules: list[Any]) -> Level:
+def _level(res: dict[str, Any], rules: list[Any], extensions: list[Any]) -> Level:
     level = res.get("level")
     if level is None:
-        index = res.get("ruleIndex")
-        rule = rules[index] if isinstance(index, int) and 0 <= index < len(rules) else \
-            next((r for r in rules if isinstance(r, dict) and r.get("id") == _rule_id(res)),
-                 None)
+        rule = _extension_rule(res, extensions)
+        if rule is None:
+            index = res.get("ruleIndex")
+            rule = rules[index] if isinstance(index, int) and 0 <= index < len(rules) else \
+                next((r for r in rules if isinstance(r, dict) and r.get("id") == _rule_id(res)),
+                     None)
         if isinstance(rule, dict):
             level = rule.get("defaultConfiguration", {}).get("level")
     # SARIF's default level is "warning" (section 3.27.10).
     return level if level in LEVELS else "warning"
+
+
+def _extension_rule(res: dict[str, Any], extensions: list[Any]) -> Any:
+    """The rule a result names in a tool extension (``rule.toolComponent.index``), or None."""
+    ref = res.get("rule")
+    component = ref.get("toolComponent") if isinstance(ref, dict) else None
+    if not isinstance(component, dict) or not isinstance(component.get("index"), int):
+        return None
+    index, rule_index = component["index"], ref.get("index")  # type: ignore[union-attr]
+    if not 0 <= index < len(extensions) or not isinstance(rule_index, int):
+        return None
+    in_rules = extensions[index].get("rules", []) if isinstance(extensions[index], dict) \
+        else []
+    return in_rules[rule_index] if 0 <= rule_index < len(in_rules) else None
 
 
 def _text(value: str, limit: int = MESSAGE_LIMIT) -> str:
@@ -420,13 +468,15 @@ def _text(value: str, limit: int = MESSAGE_LIMIT) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _flatten(res: dict[str, Any], rules: list[Any], fp: str) -> Finding:
-    uri, _, line = _primary(res)
+def _flatten(res: dict[str, Any], rules: list[Any], fp: str,
+             extensions: list[Any] | None = None, artifacts: list[Any] | None = None,
+             ) -> Finding:
+    uri, _, line = _primary(res, artifacts or [])
     msg = res.get("message", {})
     text = msg.get("text") or msg.get("markdown") or msg.get("id") or ""
     prov = res["properties"][PROVENANCE_KEY]
     return Finding(
-        level=_level(res, rules), rule=_text(_rule_id(res) or "-", 120),
+        level=_level(res, rules, extensions or []), rule=_text(_rule_id(res) or "-", 120),
         location=_text(f"{uri}:{line}" if uri and line else uri or "-", 200),
         message=_text(str(text)), topology=prov["topology"], node=prov["node"],
         attempt=prov["attempt"], profile=prov["profile"], run_id=prov["runId"],
