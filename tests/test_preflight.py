@@ -122,6 +122,22 @@ def test_http_endpoint_refusing_connections_is_unreachable(closed_port: int) -> 
     assert c.summary.startswith(f"cannot connect to 127.0.0.1:{closed_port}")
 
 
+def test_doctor_names_every_profile_one_check_covers(
+        project: Project, open_port: int, capsys: pytest.CaptureFixture[str]) -> None:
+    """A new user's trial: thirteen http profiles (one endpoint, thirteen models) showed
+    as one line named after the first."""
+    data = make_topology({"a": [], "b": []}, a={"agent": "fast"}, b={"agent": "deep"})
+    data["defaults"] = {"agent": "fast"}
+    data["agents"] = {name: {"kind": "http", "base_url": f"http://127.0.0.1:{open_port}/v1",
+                             "model": name} for name in ("fast", "deep")}
+    project.write_topology(data)
+    assert main(project.cli("doctor", str(project.topology))) == 0
+    out = capsys.readouterr().out
+    assert "ok    deep, fast: 127.0.0.1:" in out
+    assert "used by   t: a (fast)" in out
+    assert "used by   t: b (deep)" in out
+
+
 def test_http_endpoint_accepting_connections_is_ready(open_port: int) -> None:
     c = check(HttpProfile(kind="http", base_url=f"http://127.0.0.1:{open_port}/v1", model="m"))
     assert c.ok

@@ -344,16 +344,20 @@ def preflight_plans(plans: Mapping[str, tuple[Manifest, RunSettings]], *,
     Decide per plan. Returns the decisions by plan key and the checks (with ``used_by``).
     """
     wanted: dict[str, AnyProfile] = {}
-    names: dict[str, str] = {}
+    names: dict[str, list[str]] = {}
     used: dict[str, list[str]] = {}
     for manifest, settings in plans.values():
         for name, nodes in profiles_in_use(manifest, settings).items():
             pkey = profile_key(manifest.agents[name])
             wanted[pkey] = manifest.agents[name]
-            names.setdefault(pkey, name)
-            used.setdefault(pkey, []).append(f"{manifest.topology.name}: {', '.join(nodes)}")
+            if name not in names.setdefault(pkey, []):
+                names[pkey].append(name)
+            used.setdefault(pkey, []).append(f"{manifest.topology.name}: {', '.join(nodes)}"
+                                             f" ({name})")
     checked = check_profiles(wanted, env=env, redactor=redactor)
-    checks = {pkey: ProfileCheck(**{**c.__dict__, "profile": names[pkey],
+    # Profiles that one check covers (the same endpoint and key, models apart) are named
+    # together: each name a user looks for is there.
+    checks = {pkey: ProfileCheck(**{**c.__dict__, "profile": ", ".join(sorted(names[pkey])),
                                     "used_by": tuple(used[pkey])})
               for pkey, c in checked.items()}
     decisions = {}
