@@ -295,10 +295,11 @@ def _inner_model(annotation: Any) -> Any:
 
 
 def _profile_model(kind: str) -> Any:
-    from runtime.plan import profiles
-
-    return {"command": profiles.CommandProfile, "http": profiles.HttpProfile,
-            "python": profiles.PythonProfile, "simulated": profiles.SimulatedProfile}[kind]
+    """The profile model of ``kind``, read off the ``AgentProfile`` union itself."""
+    for model in typing.get_args(typing.get_args(AgentProfile)[0]):
+        if typing.get_args(model.model_fields["kind"].annotation) == (kind,):
+            return model
+    return None
 
 
 def _file_loc(loc: tuple[Any, ...]) -> tuple[Any, ...]:
