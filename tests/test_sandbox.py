@@ -360,47 +360,34 @@ def test_a_private_root_that_is_a_link_is_emptied_where_it_leads(
     assert ["--tmpfs", str(target)] == argv[argv.index(str(target)) - 1:][:2]
 
 
-def test_a_private_file_linked_into_a_private_directory_is_kept(
-        project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A review: mounts went by the link's depth, so the private directory's tmpfs could
-    land over the copy of a file linked into it, depending on list order."""
-    home = Path(tempfile.mkdtemp(prefix="sandbox-home-", dir=Path.home()))
-    try:
-        (home / ".claude").mkdir()
-        (home / ".claude" / "real.json").write_text('{"n": 2}')
-        (home / ".claude2.json").symlink_to(home / ".claude" / "real.json")
-        monkeypatch.setenv("HOME", str(home))
-        result = run_topology(project, _topo(
-            ["sh", "-c", 'cat "$HOME/.claude2.json" > seen.txt; printf {} > a.json'],
-            sandbox={"private": ["~/.claude2.json", "~/.claude/"]}))
-    finally:
-        shutil.rmtree(home, ignore_errors=True)
-    assert result.status is RunStatus.SUCCEEDED, result.state.nodes["a"].attempts
-    seen = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace" / "seen.txt"
-    assert seen.read_text() == '{"n": 2}'
-
-
+@pytest.mark.parametrize(("target", "private"), [
+    # Dotfile managers keep ~/.claude.json as a link (a review: every attempt failed
+    # with 'Too many levels of symbolic links').
+    ("dotfiles/claude.json", ["~/.claude.json"]),
+    # Linked into a private directory listed after it (a review: mounts went by the
+    # link's depth, and the directory's tmpfs landed over the copy).
+    (".claude/real.json", ["~/.claude.json", "~/.claude/"]),
+])
 def test_a_private_file_kept_as_a_link_is_copied(project: Project,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Dotfile managers keep ~/.claude.json as a link (a review: every attempt failed
-    with 'Too many levels of symbolic links')."""
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 target: str, private: list[str]) -> None:
     home = Path(tempfile.mkdtemp(prefix="sandbox-home-", dir=Path.home()))
     try:
-        (home / "dotfiles").mkdir()
-        (home / "dotfiles" / "claude.json").write_text('{"n": 1}')
-        (home / ".claude.json").symlink_to(home / "dotfiles" / "claude.json")
+        (home / target).parent.mkdir(parents=True)
+        (home / target).write_text('{"n": 1}')
+        (home / ".claude.json").symlink_to(home / target)
         monkeypatch.setenv("HOME", str(home))
         script = ('cat "$HOME/.claude.json" > seen.txt; echo x >> "$HOME/.claude.json"; '
                   'printf {} > a.json')
         result = run_topology(project, _topo(["sh", "-c", script],
-                                             sandbox={"private": ["~/.claude.json"]}))
-        kept = (home / "dotfiles" / "claude.json").read_text()
+                                             sandbox={"private": private}))
+        kept = (home / target).read_text()
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert result.status is RunStatus.SUCCEEDED, result.state.nodes["a"].attempts
     seen = project.artifacts / "runs" / "test-run" / "nodes" / "a" / "workspace" / "seen.txt"
     assert seen.read_text() == '{"n": 1}'
-    assert kept == '{"n": 1}'
+    assert kept == '{"n": 1}'  # what the agent wrote stayed in its copy
 
 
 def test_host_sockets_lists_what_the_sandbox_would_still_show(
