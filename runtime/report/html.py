@@ -40,6 +40,10 @@ from runtime.run.summary import BatchEntry, BatchSummary
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 ATTEMPT_FILES = ("prompt.md", "stdout.log", "stderr.log", "attempt.json")
+# Artifacts a browser would render as active content (script in HTML or SVG): an agent
+# wrote them, so the report names them but does not link them.
+ACTIVE_SUFFIXES = frozenset({".html", ".htm", ".xhtml", ".shtml", ".svg", ".svgz", ".xml",
+                             ".xsl", ".mht", ".mhtml"})
 LABEL_CHARS = 18  # what fits a diagram box (bold 11.5 px from 16 characters on)
 FINDINGS_SHOWN = 500  # most severe first; the rest stay in findings.sarif
 
@@ -133,7 +137,7 @@ class NodeView:
     started: float | None
     duration: float | None
     attempts: list[AttemptView]
-    artifacts: list[tuple[str, str | None]]
+    artifacts: list[tuple[str, str | None, str]]  # path, link, why not linked
     findings: int
     retried: bool = False  # `runtime retry` gave it a fresh max_attempts
 
@@ -167,14 +171,20 @@ def _node_view(run_dir: Path, manifest: Manifest, state: RunState, nid: str,  # 
     status = _display_status(ns)
     started = min((a.started for a in attempts if a.started), default=None)
     ends = [a.started + a.duration for a in attempts if a.started and a.duration is not None]
-    artifacts: list[tuple[str, str | None]] = []
+    artifacts: list[tuple[str, str | None, str]] = []
     if ns.status.value == "succeeded":
         ws = run_dir / "nodes" / nid / "workspace"
         for spec in pn.artifacts:
             real = within(ws, spec.path)
             target = ws / spec.path
             ok = real is not None and os.path.isfile(real)  # as the contract accepted it
-            artifacts.append((spec.path, _href(run_dir, target) if ok else None))
+            if not ok:
+                artifacts.append((spec.path, None, "absent"))
+            elif Path(spec.path).suffix.lower() in ACTIVE_SUFFIXES:
+                artifacts.append((spec.path, None, "not linked: a browser would run what "
+                                  "the agent wrote in it"))
+            else:
+                artifacts.append((spec.path, _href(run_dir, target), ""))
     word = "not started" if status == "not-started" else status
     plural = "" if len(ns.attempts) == 1 else "s"
     label = f"{STATUS_STYLE[status]['symbol']} {word} · {len(ns.attempts)} attempt{plural}"
