@@ -124,6 +124,16 @@ def _check_run_dom(dom: _Dom, run_dir: Path) -> None:
     assert "findings" in dom.ids
 
 
+def test_long_ids_that_share_a_prefix_stay_apart_in_the_diagram(project: Project) -> None:
+    """A new user's trial: three ids cut at 17 characters all read 'dependency-review…'."""
+    ids = [f"dependency-review-service-{s}" for s in ("alpha", "beta", "gamma")]
+    topo = make_topology({i: [] for i in ids})
+    run = Path(run_topology(project, topo).run_dir)
+    html = render_run_report(run).read_text()
+    labels = {label for label in re.findall(r">(dependen[^<]*)</text>", html)}
+    assert len(labels) == 3, labels
+
+
 def test_agent_written_active_content_is_named_not_linked(project: Project) -> None:
     """A new user's trial: the report linked an agent's .html and .svg artifacts, and a
     browser opening one from it ran the agent's script."""

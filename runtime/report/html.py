@@ -302,7 +302,11 @@ def run_times(events: list[Event]) -> RunTimes:
 def _diagram_nodes(views: list[NodeView]) -> dict[str, dict[str, str]]:
     out = {}
     for v in views:
-        short = v.id if len(v.id) <= LABEL_CHARS else v.id[: LABEL_CHARS - 1] + "…"
+        # Cut in the middle: ids that share a prefix (review-service-alpha, -beta) differ
+        # at the end.
+        head = (LABEL_CHARS - 1) // 2
+        short = v.id if len(v.id) <= LABEL_CHARS else \
+            v.id[:head] + "…" + v.id[len(v.id) - (LABEL_CHARS - 1 - head):]
         word = v.status.replace("-", " ")
         count = len(v.attempts)
         detail = f"{count} attempt{'' if count == 1 else 's'}" if count else (v.note or "")
