@@ -197,8 +197,10 @@ def _profile_ended(policy: NodePolicy, index: int, on_profile: list[Past]) -> st
     if cls is FailureClass.RATE_LIMITED:
         waited = sum(p.waited_s for p in on_profile)
         if waited + _min_wait(last) > policy.rate_limit_wait_s:
+            asked = (f"; the provider asked for {last.retry_after_s:g} s more"
+                     if last.retry_after_s else "")
             return (f"rate_limited on profile {name} after waiting {waited:g} s "
-                    f"(rate_limit_wait_s {policy.rate_limit_wait_s:g})")
+                    f"(rate_limit_wait_s {policy.rate_limit_wait_s:g}){asked}")
         return ""
     if cls not in policy.retry_on:
         return f"{cls.value} is not in retry_on"
