@@ -94,6 +94,11 @@ def test_a_retried_runs_duration_leaves_out_the_time_between_tries(project: Proj
     assert times.finished - times.started > 3600
     assert times.duration is not None
     assert times.duration < 600
+    # While a retry is still running, the run has no duration yet (a review: the partial
+    # span counted, as an earlier try's run.finished was found).
+    events = read_events(run_dir / "ledger.jsonl")
+    last_start = max(i for i, e in enumerate(events) if isinstance(e, RunStarted))
+    assert run_times(events[: last_start + 2]).duration is None
 
 
 def test_retry_of_a_succeeded_run_changes_nothing(project: Project) -> None:

@@ -285,7 +285,10 @@ class RunTimes:
 def run_times(events: list[Event]) -> RunTimes:
     """When the run started and last finished, and how each attempt started (ledger)."""
     started = next((e.ts for e in events if isinstance(e, RunStarted)), None)
-    finished = next((e.ts for e in reversed(events) if isinstance(e, RunFinished)), None)
+    # Finished only when the latest process finished it (a retry still running is not).
+    latest = next((e for e in reversed(events) if isinstance(e, RunStarted | RunFinished)),
+                  None)
+    finished = latest.ts if isinstance(latest, RunFinished) else None
     starts = {(e.node, e.attempt): e for e in events if isinstance(e, AttemptStarted)}
     active, since, last = 0.0, None, None
     for e in events:  # a process's span: its run.started to its last event
