@@ -314,7 +314,10 @@ def _write_summary(batch_dir: Path, batch_id: str, topologies: list[Path],  # no
                    entries: dict[str, BatchEntry], cancel: threading.Event, *,
                    final: bool = False) -> BatchSummary:
     ordered = [entries[str(p)] for p in topologies if str(p) in entries]
-    if cancel.is_set() or any(e.status == "cancelled" for e in ordered):
+    # Cancelled when a run was stopped or never got to run; a Ctrl-C after every run
+    # had finished changes nothing.
+    unfinished = len(ordered) < len(topologies)
+    if any(e.status == "cancelled" for e in ordered) or (cancel.is_set() and unfinished):
         status: Literal["succeeded", "failed", "cancelled"] = "cancelled"
     elif len(ordered) == len(topologies) and all(e.status == "succeeded" for e in ordered):
         status = "succeeded"

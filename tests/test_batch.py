@@ -117,6 +117,23 @@ def test_a_batch_cut_short_resumes_from_another_directory(
     assert len(again.entries) == len(cut.entries)
 
 
+def test_a_ctrl_c_after_every_run_finished_changes_nothing(batch_project: Project) -> None:
+    """A review: a SIGINT that landed after the last run had succeeded marked the batch
+    cancelled (and the CLI printed 'interrupted', exit 130)."""
+    import threading
+
+    cancel = threading.Event()
+
+    def late_ctrl_c(entry: BatchEntry) -> BatchEntry:
+        cancel.set()  # after this (the only) topology's run has finished
+        return entry
+
+    good = batch_project.root / "topologies" / "good.yaml"
+    summary = run_batch([good], _options(batch_project, batch_id="b9"), None, cancel,
+                        late_ctrl_c)
+    assert summary.status == "succeeded"
+
+
 def test_batch_cli_json_and_reports(batch_project: Project,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     code = main(batch_project.cli("batch", str(batch_project.root / "topologies"), "--json",
