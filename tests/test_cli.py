@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -177,6 +178,26 @@ def test_schema_is_json_schema_of_topology(capsys: pytest.CaptureFixture[str]) -
     assert schema["title"] == "Topology"
     assert schema["additionalProperties"] is False
     assert "retry_feedback" in schema["$defs"]["Node"]["properties"]
+
+
+@pytest.mark.parametrize(("node", "flagged"), [
+    ({"id": "ok", "prompt": "task.md.j2", "needs": []}, False),
+    ({"id": "A B", "prompt": "task.md.j2"}, True),
+    ({"id": "ok", "prompt": "task.md.j2", "needs": ["Bad id"]}, True),
+    ({"id": "ok", "prompt": "../task.md.j2"}, True),
+    ({"id": "ok", "prompt": "/etc/passwd"}, True),
+    ({"id": "ok", "prompt": "a\\b.j2"}, True),
+])
+def test_schema_flags_what_the_planner_refuses(capsys: pytest.CaptureFixture[str],
+                                                node: dict[str, Any], flagged: bool) -> None:
+    """A new user's trial: the schema editors read accepted ids with spaces and prompt
+    paths with '..', which the planner then refused."""
+    import jsonschema
+
+    schema = json.loads(_run(capsys, "schema")[1])
+    topo = {"schema_version": 1, "name": "t", "nodes": [node]}
+    errors = list(jsonschema.Draft202012Validator(schema).iter_errors(topo))
+    assert bool(errors) is flagged, [e.message for e in errors]
 
 
 def test_unknown_verb_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

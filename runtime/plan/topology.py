@@ -21,6 +21,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     ValidationError,
     field_validator,
     model_validator,
@@ -54,7 +55,12 @@ def check_relative_path(value: str) -> str:
     return value
 
 
-RelPath = Annotated[str, Field(min_length=1, max_length=512)]
+# The schema (`runtime schema`, for editors) says what the validators enforce: relative,
+# no '..' segment, no backslash. ECMAScript regex, as JSON Schema uses.
+RelPath = Annotated[str, Field(min_length=1, max_length=512, json_schema_extra={
+    "pattern": r"^(?!/)(?!.*\\)(?!(.*/)?\.\.(/|$)).+$"})]
+# Node ids, in the schema as the validator has them.
+_ID_SCHEMA: dict[str, JsonValue] = {"pattern": NODE_ID.pattern, "maxLength": 128}
 
 
 class _Frozen(BaseModel):
@@ -128,9 +134,11 @@ class Defaults(_Frozen):
 class Node(_Frozen):
     """One agent node of the DAG."""
 
-    id: str = Field(description="Unique id, matching [a-z0-9][a-z0-9_-]*.")
+    id: str = Field(description="Unique id, matching [a-z0-9][a-z0-9_-]*.",
+                    json_schema_extra=_ID_SCHEMA)
     prompt: RelPath = Field(description="Template path relative to the prompts root.")
-    needs: list[str] = Field(default_factory=list, description="Upstream node ids.")
+    needs: list[str] = Field(default_factory=list, description="Upstream node ids.",
+                             json_schema_extra={"items": {"type": "string", **_ID_SCHEMA}})
     agent: str | None = Field(default=None, description="Agent profile name.")
     fallback: list[str] = Field(
         default_factory=list, description="Profiles tried, one attempt each, once spent."
