@@ -139,15 +139,17 @@ def test_agent_written_active_content_is_named_not_linked(project: Project) -> N
     browser opening one from it ran the agent's script."""
     topo = make_topology({"a": []})
     topo["nodes"][0]["artifacts"] = [{"path": p, "kind": "file"}
-                                     for p in ("page.html", "chart.SVG", "notes.md")]
+                                     for p in ("page.html", "chart.SVG", "doc.xht", "noext",
+                                               "notes.md")]
     topo["agents"] = python_agents("write_all")
     topo["defaults"] = {"agent": "write_all"}
     run = Path(run_topology(project, topo).run_dir)
     dom = _parse(render_run_report(run).read_text())
     hrefs = dom.attr("a", "href")
     assert "nodes/a/workspace/notes.md" in hrefs
-    assert not any(h.endswith(("page.html", "chart.SVG")) for h in hrefs)
-    assert "not linked: a browser would run what the agent wrote in it" in "".join(dom.text)
+    assert not any(h.endswith(("page.html", "chart.SVG", "doc.xht", "noext")) for h in hrefs)
+    assert "".join(dom.text).count("not linked: a browser might run what the agent wrote "
+                                   "in it") == 4
 
 
 def test_run_report_is_escaped_complete_and_linked(run_dir: Path, project: Project) -> None:

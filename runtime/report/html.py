@@ -40,10 +40,12 @@ from runtime.run.summary import BatchEntry, BatchSummary
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 ATTEMPT_FILES = ("prompt.md", "stdout.log", "stderr.log", "attempt.json")
-# Artifacts a browser would render as active content (script in HTML or SVG): an agent
-# wrote them, so the report names them but does not link them.
-ACTIVE_SUFFIXES = frozenset({".html", ".htm", ".xhtml", ".shtml", ".svg", ".svgz", ".xml",
-                             ".xsl", ".mht", ".mhtml"})
+# Artifacts the report links: types a browser shows as text. An agent wrote every
+# artifact, and a browser runs the script in one it renders as HTML, SVG or XML (by
+# extension, or by sniffing a type it does not know), so any other is named, not linked.
+LINKED_SUFFIXES = frozenset({".md", ".markdown", ".txt", ".text", ".log", ".json", ".jsonl",
+                             ".sarif", ".csv", ".tsv", ".yaml", ".yml", ".toml", ".diff",
+                             ".patch"})
 LABEL_CHARS = 18  # what fits a diagram box (bold 11.5 px from 16 characters on)
 FINDINGS_SHOWN = 500  # most severe first; the rest stay in findings.sarif
 
@@ -180,8 +182,9 @@ def _node_view(run_dir: Path, manifest: Manifest, state: RunState, nid: str,  # 
             ok = real is not None and os.path.isfile(real)  # as the contract accepted it
             if not ok:
                 artifacts.append((spec.path, None, "absent"))
-            elif Path(spec.path).suffix.lower() in ACTIVE_SUFFIXES:
-                artifacts.append((spec.path, None, "not linked: a browser would run what "
+            elif Path(real or spec.path).suffix.lower() not in LINKED_SUFFIXES or \
+                    Path(spec.path).suffix.lower() not in LINKED_SUFFIXES:
+                artifacts.append((spec.path, None, "not linked: a browser might run what "
                                   "the agent wrote in it"))
             else:
                 artifacts.append((spec.path, _href(run_dir, target), ""))
