@@ -187,6 +187,7 @@ def test_schema_is_json_schema_of_topology(capsys: pytest.CaptureFixture[str]) -
     ({"id": "ok", "prompt": "../task.md.j2"}, True),
     ({"id": "ok", "prompt": "/etc/passwd"}, True),
     ({"id": "ok", "prompt": "a\\b.j2"}, True),
+    ({"id": "ok", "prompt": "a\rb.j2"}, False),  # legal: a line break matched too
 ])
 def test_schema_flags_what_the_planner_refuses(capsys: pytest.CaptureFixture[str],
                                                 node: dict[str, Any], flagged: bool) -> None:

@@ -23,6 +23,8 @@ CASES: list[tuple[str, Mutation, str, str]] = [
     ("unknown key", lambda t: _node(t, 0).update(retries=3), "nodes[0].retries",
      "unknown key; see `runtime schema`"),
     ("unknown top-level key", lambda t: t.update(colour="red"), "colour", "unknown key"),
+    ("an id ending in a newline", lambda t: _node(t, 2).update(id="c\n"), "nodes[2].id",
+     "ids must match"),
     ("a list as a var", lambda t: t.update(vars={"target": [1, 2]}), "vars.target",
      "a var is a string, a number or true/false"),
     ("misspelt node key", lambda t: _node(t, 0).update(retry_feedbak=True),

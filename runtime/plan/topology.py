@@ -57,8 +57,9 @@ def check_relative_path(value: str) -> str:
 
 # The schema (`runtime schema`, for editors) says what the validators enforce: relative,
 # no '..' segment, no backslash. ECMAScript regex, as JSON Schema uses.
+# ECMAScript's '.' does not match line breaks, which a path may hold: [\s\S] instead.
 RelPath = Annotated[str, Field(min_length=1, max_length=512, json_schema_extra={
-    "pattern": r"^(?!/)(?!.*\\)(?!(.*/)?\.\.(/|$)).+$"})]
+    "pattern": r"^(?!/)(?![\s\S]*\\)(?!([\s\S]*/)?\.\.(/|$))[\s\S]+$"})]
 # Node ids, in the schema as the validator has them.
 _ID_SCHEMA: dict[str, JsonValue] = {"pattern": NODE_ID.pattern, "maxLength": 128}
 
@@ -156,7 +157,7 @@ class Node(_Frozen):
     @field_validator("id")
     @classmethod
     def _id(cls, value: str) -> str:
-        if not NODE_ID.match(value) or len(value) > 128:
+        if not NODE_ID.fullmatch(value) or len(value) > 128:  # ('$' allows a final "\n")
             raise ValueError(f"{value!r}: ids must match [a-z0-9][a-z0-9_-]* (at most 128)")
         return value
 
