@@ -49,6 +49,8 @@ def topo(project: Project) -> Path:
      "the built-in ones): sim, simulated"),
     (["--set", "zz.max_attempts=2"], "--set zz.max_attempts=2: no node 'zz' in the plan"),
     (["--set", "a.max_attempts=0"], "max_attempts takes a whole number from 1 to 20"),
+    (["--set", "a.rate_limit_wait_s=100000"], "rate_limit_wait_s takes seconds, a number "
+     "from 0 to 86400"),
     (["--operator-prompt", "/nonexistent/op.txt"],
      "--operator-prompt /nonexistent/op.txt: cannot read: No such file or directory"),
     (["--operator-prompt", "/dev/zero"],

@@ -31,10 +31,11 @@ def parse_value(field: str, raw: str, where: str) -> Any:
             seconds = float(raw)
         except ValueError:
             seconds = float("nan")
-        low = 0 if field == "rate_limit_wait_s" else 0.001
-        if not low <= seconds <= 7 * 24 * 3600:  # NaN fails both comparisons
+        # The bounds NodeOverrides enforces (a value past them was its traceback).
+        low, high = (0, 24 * 3600) if field == "rate_limit_wait_s" else (0.001, 7 * 24 * 3600)
+        if not low <= seconds <= high:  # NaN fails both comparisons
             raise UsageError(f"{where}: {field} takes seconds, a number from {low:g} to "
-                             f"{7 * 24 * 3600}")
+                             f"{high}")
         return seconds
     classes = [c.strip() for c in raw.split(",") if c.strip()]
     valid = {c.value for c in FailureClass}
