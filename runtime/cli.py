@@ -805,16 +805,14 @@ def _exit_for(status: str) -> int:
 
 
 def _describe(state: Any, run_dir: Path, *, verbose: bool) -> str:
+    from runtime.eventlines import skip_reason
+
     lines = [f"run {state.run_id} ({state.topology}): {state.status.value}", f"  {run_dir}"]
     for nid, ns in state.nodes.items():
         outcomes = ", ".join(f"{a.attempt}:{a.outcome or 'unfinished'}"
                              + (f"[{a.profile}]" if verbose else "") for a in ns.attempts)
-        extra = ""
-        if ns.failed_ancestor:
-            extra = f" (upstream {ns.failed_ancestor} " + (
-                f"not finished: {ns.reason})" if ns.reason else "failed)")
-        elif ns.reason:
-            extra = f" ({ns.reason})"
+        why = skip_reason(ns.failed_ancestor, ns.reason or "")
+        extra = f" ({why})" if why else ""
         lines.append(f"  {nid:<24} {ns.status.value:<9} attempts {len(ns.attempts)}"
                      f"{': ' + outcomes if outcomes else ''}{extra}")
         last = ns.last_failure

@@ -25,14 +25,18 @@ def event_line(ev: Any) -> str:
         case "node.failed":
             text = f"{ev.node}: failed, {ev.failure}: {ev.reason}"
         case "node.skipped":
-            why = ev.reason
-            if ev.failed_ancestor:
-                why = f"upstream {ev.failed_ancestor} " + (
-                    f"not finished: {ev.reason}" if ev.reason else "failed")
-            text = f"{ev.node}: skipped ({why})"
+            text = f"{ev.node}: skipped ({skip_reason(ev.failed_ancestor, ev.reason)})"
         case _:
             return ""
     return f"[{stamp}] {_terminal_safe(text)}"
+
+
+def skip_reason(failed_ancestor: str | None, reason: str) -> str:
+    """Why a node was skipped, in words: its ancestor that failed or did not finish."""
+    if not failed_ancestor:
+        return reason
+    return f"upstream {failed_ancestor} " + (f"not finished: {reason}" if reason
+                                             else "failed")
 
 
 def _terminal_safe(text: str) -> str:
