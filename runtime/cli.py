@@ -249,10 +249,8 @@ def _timeout_set(seconds: float | None) -> tuple[str, ...]:
         return ()
     from runtime.run.overrides import parse_value
 
-    try:
-        parse_value("timeout_s", repr(seconds), "--timeout")
-    except UsageError as exc:  # named as the user wrote it, not as the --set it becomes
-        raise UsageError(f"--timeout {seconds:g}: {str(exc).split(': ', 1)[1]}") from None
+    # Checked here, so an error names --timeout as written, not the --set it becomes.
+    parse_value("timeout_s", repr(seconds), f"--timeout {seconds:g}")
     return (f"*.timeout_s={seconds!r}",)
 
 

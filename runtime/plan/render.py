@@ -336,7 +336,7 @@ class Renderer:
             raise exc.under(self.shown_root) from None
 
     def _render_checked(self, template: str, context: Mapping[str, Any], node: str) -> str:
-        self.check(template, node)
+        self._check(template, node)  # render() names the root, once
         limits = self.limits
         token = WATCHDOG.arm(limits.timeout_s, RENDER_MAX_GROWTH_BYTES)
         try:
