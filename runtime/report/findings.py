@@ -400,8 +400,9 @@ def _primary(res: dict[str, Any], artifacts: list[Any] | None = None,
     where = phys.get("artifactLocation", {}) if isinstance(phys, dict) else {}
     uri = str(where.get("uri", "")) if isinstance(where, dict) else ""
     index = where.get("index") if isinstance(where, dict) else None
-    if not uri and isinstance(index, int) and 0 <= index < len(artifacts or []):
-        entry = (artifacts or [])[index]
+    entries = artifacts or []
+    if not uri and isinstance(index, int) and 0 <= index < len(entries):
+        entry = entries[index]
         if isinstance(entry, dict) and isinstance(entry.get("location"), dict):
             uri = str(entry["location"].get("uri", ""))
     region = phys.get("region", {}) if isinstance(phys.get("region"), dict) else {}
